@@ -1,0 +1,43 @@
+# flowc: set-up, tests and the main job. Every target installs what it needs first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+EXAMPLES := $(sort $(wildcard examples/*/pipeline.flow))
+
+.PHONY: all install demo test golden lint fmt bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The main job: check, format-check and plan every example pipeline.
+demo: $(STAMP)
+	$(VENV)/bin/flowc check $(EXAMPLES)
+	$(VENV)/bin/flowc fmt --check $(EXAMPLES)
+	$(VENV)/bin/flowc plan examples/image_chat/pipeline.flow
+
+## The tests (CI runs exactly this).
+test: $(STAMP)
+	$(PY) -m ruff check compiler runtime stdlib tests bench
+	$(PY) -m pytest
+
+## Rewrite the golden files under golden/ after an intended change; review the diff like code.
+golden: $(STAMP)
+	$(PY) -m pytest --snapshot-update tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check compiler runtime stdlib tests bench
+	$(PY) -m ruff format --check compiler runtime stdlib tests bench
+
+bench: $(STAMP)
+	$(PY) bench/compile_bench.py
+	$(PY) bench/fuzz_bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,115 @@
+"""Checks on the shape of roles and interfaces: clauses, duplicate fields, join thresholds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from flowc.check.model import InterfaceInfo, Program
+from flowc.check.registry import Check, register
+from flowc.diagnostics import Diagnostic, Note
+from flowc.syntax import ast
+
+
+@register
+class InterfaceShape(Check):
+    codes = {
+        "E130": "interface with no inputs",
+        "E131": "interface with both `in` and `join`",
+        "E132": "clause given twice in one interface",
+        "W135": "role without interfaces",
+    }
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        for role in program.roles.values():
+            if not role.interfaces:
+                yield Diagnostic(
+                    "W135", f"role `{role.name}` has no interfaces and can never run", role.decl.name.span, "add `interface NAME { in ... out ... }`"
+                )
+            for interface in role.interfaces.values():
+                yield from self._shape(interface)
+
+    def _shape(self, interface: InterfaceInfo) -> Iterator[Diagnostic]:
+        name = interface.decl.name
+        if not interface.in_clauses and not interface.join_clauses:
+            yield Diagnostic(
+                "E130",
+                f"interface `{interface.qualname}` has no inputs, so nothing can ever activate it",
+                name.span,
+                "add `in FIELD` (a placeholder or another interface's output) or a `join { ... }`",
+            )
+        if interface.in_clauses and interface.join_clauses:
+            yield Diagnostic(
+                "E131",
+                f"interface `{interface.qualname}` has both `in` and `join`",
+                interface.join_clauses[0].span,
+                "use `join { FIELD: N | all }` for count joins, or `in` for per-frame activation, not both",
+                (Note(interface.in_clauses[0].span, "`in` given here"),),
+            )
+        for keyword, clauses in (("in", interface.in_clauses), ("out", interface.out_clauses), ("join", interface.join_clauses)):
+            for extra in clauses[1:]:
+                yield Diagnostic(
+                    "E132",
+                    f"interface `{interface.qualname}` has more than one `{keyword}` clause",
+                    extra.span,
+                    _merge_hint(keyword),
+                    (Note(clauses[0].span, f"first `{keyword}` here"),),
+                )
+
+
+def _merge_hint(keyword: str) -> str:
+    return {
+        "in": "merge them into one: `in a | b & c` (OR of AND groups)",
+        "out": "list every output in one clause: `out a: T, b: T` (add `stream` once for the interface)",
+        "join": "list every field in one `join { ... }`",
+    }[keyword]
+
+
+def _duplicates(idents: Iterable[ast.Ident]) -> Iterator[tuple[ast.Ident, ast.Ident]]:
+    seen: dict[str, ast.Ident] = {}
+    for ident in idents:
+        if ident.text in seen:
+            yield ident, seen[ident.text]
+        else:
+            seen[ident.text] = ident
+
+
+@register
+class RepeatedFields(Check):
+    codes = {"E133": "field repeated in one clause"}
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        for interface in program.interfaces():
+            for clause in interface.in_clauses:
+                for group in clause.groups:
+                    yield from self._report(interface, (r.field for r in group.inputs), "AND group")
+            for clause in interface.out_clauses:
+                yield from self._report(interface, (f.name for f in clause.fields), "`out` clause")
+            for join in interface.join_clauses:
+                yield from self._report(interface, (i.field for i in join.items), "`join`")
+
+    def _report(self, interface: InterfaceInfo, idents: Iterable[ast.Ident], where: str) -> Iterator[Diagnostic]:
+        for dup, first in _duplicates(idents):
+            yield Diagnostic(
+                "E133",
+                f"field `{dup.text}` appears twice in one {where} of `{interface.qualname}`",
+                dup.span,
+                "remove the repetition",
+                (Note(first.span, "first here"),),
+            )
+
+
+@register
+class JoinThresholds(Check):
+    codes = {"E136": "join threshold of zero"}
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        for interface in program.interfaces():
+            for join in interface.join_clauses:
+                for item in join.items:
+                    if item.count == 0:
+                        yield Diagnostic(
+                            "E136",
+                            f"join threshold of `{item.field.text}` in `{interface.qualname}` is 0, so the field would never be waited for",
+                            item.span,
+                            "use a count of at least 1, or `all` to wait until every upstream slot has ended",
+                        )

@@ -1,0 +1,188 @@
+"""The `flowc` command line (click).
+
+Exit codes: 0 clean (warnings allowed unless --strict), 1 errors in the input, 2 usage or I/O
+problems, 3 an internal error (a bug in flowc; `--debug` shows the traceback). No traceback
+reaches the user without `--debug`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from flowc import __version__
+from flowc.check import CheckResult, check_source
+from flowc.diagnostics import Diagnostic, Severity, render_json, render_text, summary_line
+from flowc.fmt import format_source
+
+EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class FlowcGroup(click.Group):
+    """Turns any unexpected exception into one line and exit code 3 (unless --debug)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except Exception as error:  # noqa: BLE001 - the last line of defence for the user
+            if ctx.params.get("debug"):
+                raise
+            click.echo(f"flowc: internal error: {type(error).__name__}: {error}", err=True)
+            click.echo("this is a bug in flowc; rerun with --debug for the traceback and report it", err=True)
+            ctx.exit(EXIT_INTERNAL)
+
+
+@click.group(cls=FlowcGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="flowc")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks for internal errors.")
+def main(debug: bool) -> None:
+    """flowc: compile .flow multimodal inference pipelines.
+
+    \b
+    Examples:
+      flowc check examples/image_chat/pipeline.flow
+      flowc fmt --check examples/*/pipeline.flow
+      flowc plan examples/image_chat/pipeline.flow
+    """
+
+
+def _read(path: str) -> tuple[str, Path | None]:
+    if path == "-":
+        return sys.stdin.read(), None
+    file = Path(path)
+    try:
+        return file.read_text(encoding="utf-8"), file
+    except FileNotFoundError:
+        raise click.UsageError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise click.UsageError(f"{path} is a directory; pass a .flow file") from None
+    except UnicodeDecodeError as error:
+        raise click.UsageError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except OSError as error:
+        raise click.UsageError(f"cannot read {path}: {error.strerror}") from None
+
+
+def _check(path: str) -> CheckResult:
+    text, file = _read(path)
+    return check_source(text, "<stdin>" if path == "-" else path, file)
+
+
+def _color(option: bool | None) -> bool:
+    return sys.stdout.isatty() if option is None else option
+
+
+_format_option = click.option(
+    "--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="Diagnostics as text for people or JSON for tools.",
+)
+_color_option = click.option("--color/--no-color", default=None, help="Colour the output (default: when a terminal).")
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True)
+@_format_option
+@_color_option
+@click.option("--strict", is_flag=True, help="Treat warnings as errors.")
+def check(files: tuple[str, ...], output_format: str, color: bool | None, strict: bool) -> None:
+    """Check .flow files and report every problem, sorted by position.
+
+    \b
+    Examples:
+      flowc check pipeline.flow
+      flowc check --format json pipeline.flow | jq '.diagnostics[].code'
+    """
+    all_diagnostics: list[Diagnostic] = []
+    sources: dict[str, str] = {}
+    for path in files:
+        result = _check(path)
+        all_diagnostics += result.diagnostics
+        sources.update(result.sources)
+    failed = any(d.severity is Severity.ERROR or strict for d in all_diagnostics)
+    if output_format == "json":
+        click.echo(
+            json.dumps(
+                {
+                    "diagnostics": json.loads(render_json(all_diagnostics)),
+                    "errors": sum(d.severity is Severity.ERROR for d in all_diagnostics),
+                    "warnings": sum(d.severity is Severity.WARNING for d in all_diagnostics),
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
+    else:
+        if all_diagnostics:
+            click.echo(render_text(all_diagnostics, sources, _color(color)))
+        noun = "file" if len(files) == 1 else "files"
+        click.echo(f"checked {len(files)} {noun}: {summary_line(all_diagnostics)}")
+    sys.exit(EXIT_ERRORS if failed else EXIT_OK)
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("--check", "check_only", is_flag=True, help="Change nothing; exit 1 if a file would be reformatted.")
+@click.option("--diff", is_flag=True, help="Print what would change as a unified diff; change nothing.")
+@_color_option
+def fmt(files: tuple[str, ...], check_only: bool, diff: bool, color: bool | None) -> None:
+    """Format .flow files in the canonical layout (in place; `-` reads stdin, writes stdout).
+
+    \b
+    Examples:
+      flowc fmt pipeline.flow
+      flowc fmt --check examples/*/pipeline.flow
+    """
+    import difflib
+
+    failed = False
+    for path in files:
+        text, file = _read(path)
+        display = "<stdin>" if path == "-" else path
+        formatted, diagnostics = format_source(text, display)
+        if formatted is None:
+            click.echo(render_text(diagnostics, {display: text}, _color(color)), err=True)
+            click.echo(f"flowc: {display} has syntax errors; not formatted", err=True)
+            failed = True
+            continue
+        if path == "-" and not (check_only or diff):
+            click.echo(formatted, nl=False)
+            continue
+        if formatted == text:
+            continue
+        if diff:
+            click.echo("".join(difflib.unified_diff(text.splitlines(True), formatted.splitlines(True), display, display)), nl=False)
+        if check_only or diff:
+            click.echo(f"would reformat {display}", err=True)
+            failed = True
+        else:
+            assert file is not None
+            file.write_text(formatted, encoding="utf-8")
+            click.echo(f"reformatted {display}", err=True)
+    sys.exit(EXIT_ERRORS if failed else EXIT_OK)
+
+
+@main.command()
+@click.argument("file")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@_color_option
+def plan(file: str, as_json: bool, color: bool | None) -> None:
+    """Check a .flow file and print its plan: graphs, roles, fields and how they connect.
+
+    \b
+    Examples:
+      flowc plan examples/image_chat/pipeline.flow
+      flowc plan --json examples/image_chat/pipeline.flow
+    """
+    from flowc.summary import summarize, summary_text
+
+    result = _check(file)
+    if not result.ok or result.program is None:
+        click.echo(render_text(result.diagnostics, result.sources, _color(color)), err=True)
+        click.echo(f"flowc: {file} has errors; no plan", err=True)
+        sys.exit(EXIT_ERRORS)
+    summary = summarize(result.program)
+    click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json else summary_text(summary))

@@ -1,0 +1,1 @@
+"""Ready role implementations that the standard .flow modules name in their `impl`."""
