@@ -16,6 +16,7 @@ from flowc.check.model import Program
 from flowc.check.registry import CODES, run_checks
 from flowc.check.resolve import build_program
 from flowc.diagnostics import Diagnostic, Report, Severity
+from flowc.gcpause import gc_paused
 
 
 @dataclass
@@ -31,6 +32,11 @@ class CheckResult:
 
 def check_source(text: str, display: str = "<input>", path: Path | None = None) -> CheckResult:
     """Check `text` as the root module; `path` (if any) locates its imports."""
+    with gc_paused():
+        return _check(text, display, path)
+
+
+def _check(text: str, display: str, path: Path | None) -> CheckResult:
     loaded = load(text, display, path)
     report = Report()
     report.extend(loaded.diagnostics)

@@ -78,7 +78,7 @@ class _Loader:
             (stdlib_dir() / relative, f"{STDLIB_PREFIX}/{relative.as_posix()}"),
         ]
         for candidate, display in candidates:
-            if not candidate.is_file():
+            if not _is_file(candidate):
                 continue
             key = candidate.resolve()
             if key in self.active:
@@ -96,11 +96,23 @@ class _Loader:
                 return None
             self.load(candidate, display, text, decl.dotted, is_root=False)
             return display
-        searched = f"{beside_dir / relative} and the standard library ({STDLIB_PREFIX})"
+        beside = posixpath.dirname(importer_display) or "."
         self.diagnostics.append(
-            Diagnostic("E101", f"cannot find module `{decl.dotted}`", decl.span, f"looked for `{relative.as_posix()}` in {searched}")
+            Diagnostic(
+                "E101",
+                f"cannot find module `{decl.dotted}`",
+                decl.span,
+                f"looked for `{relative.as_posix()}` in `{beside}` and in the standard library; check the spelling",
+            )
         )
         return None
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system, or a path through a non-directory
+        return False
 
 
 @dataclass

@@ -91,14 +91,19 @@ class AstBuilder(Transformer):
     def start(self, children: list) -> ast.Module:
         ctx = current.get()
         headers = _nodes(children, ast.Header)
-        whole = Span(ctx.file, 0, len(ctx.text), 1, 1, 1, 1)
-        if children:
-            whole = _span(children)
+        decls = children[-1]
         return ast.Module(
             header=headers[0] if headers else None,
-            decls=tuple(c for c in children if not isinstance(c, ast.Header)),
-            span=whole,
+            decls=tuple(decls),
+            span=Span(ctx.file, 0, len(ctx.text), 1, 1, 1, 1),
         )
+
+    def decls(self, children: list) -> list[ast.Decl]:
+        if not children:
+            return []
+        collected, decl = children
+        collected.append(decl)
+        return collected
 
     def header(self, children: list) -> ast.Header:
         return ast.Header(name=_names(children)[0], span=_span(children))

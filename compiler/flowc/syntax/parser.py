@@ -15,6 +15,7 @@ from lark import Lark
 from lark.exceptions import UnexpectedInput
 
 from flowc.diagnostics import Diagnostic, Report
+from flowc.gcpause import gc_paused
 from flowc.spans import Span, point
 from flowc.syntax import ast
 from flowc.syntax.builder import AstBuilder, BuildContext, current, on_comment
@@ -54,6 +55,11 @@ def _parser() -> tuple[Lark, SyntaxErrorTranslator]:
 
 def parse(text: str, file: str = "<input>") -> ParseResult:
     """Parse `text`; `module` is None when the file has syntax errors."""
+    with gc_paused():
+        return _parse(text, file)
+
+
+def _parse(text: str, file: str) -> ParseResult:
     lark, translator = _parser()
     text = text.replace("\r\n", "\n")
     masked = mask_opaque(text)

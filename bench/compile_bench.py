@@ -1,0 +1,92 @@
+"""Front-end speed: parse and check time for generated programs of 100 / 1,000 / 10,000 roles.
+
+The generated pipeline is layered like real ones: each role consumes one or two fields of
+earlier roles (so there are diamonds and OR groups), some stream, some share GPUs, and one graph
+returns the last fields. Reported: best-of-N wall time per phase, time per role, and growth
+from each size to the next (10x the roles; near-linear growth is about 10x the time).
+Goal: parse+check of 1,000 roles in at most 1 s, near-linear growth.
+
+    python bench/compile_bench.py [--sizes 100,1000,10000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+from flowc.check import check_source  # noqa: E402
+from flowc.syntax import parse  # noqa: E402
+
+
+def generate(roles: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    out = ["flow generated", "", "placeholder request: Json", ""]
+    consumed: set[int] = set()
+    for i in range(roles):
+        lines = [f"role r{i} {{", f'    impl "generated.roles:R{i}"']
+        if i % 7 == 0:
+            lines.append(f"    replicas {rng.randint(1, 4)}")
+            lines.append("    lb round_robin")
+        if i % 50 == 0:
+            lines.append("    gpus 1")
+        elif i % 50 == 1:
+            lines.append(f"    share gpus with r{i - 1}")
+        if i == 0:
+            inputs = "request"
+        elif i % 5 == 0 and i >= 2:
+            a, b = rng.sample(range(max(0, i - 20), i), 2)
+            inputs = f"f{a} & f{b} | f{i - 1}"
+            consumed.update((a, b, i - 1))
+        else:
+            a = rng.randrange(max(0, i - 20), i)
+            inputs = f"f{a}"
+            consumed.add(a)
+        stream = "stream " if i % 3 == 0 else ""
+        lines += [f"    interface run{i} {{", f"        in  {inputs}", f"        out {stream}f{i}: Tensor", "    }", "}", ""]
+        out += lines
+    returned = [f"f{i}" for i in range(roles) if i not in consumed]
+    out += ["graph g {", "    entry  request", f"    return {', '.join(returned)}", "}", ""]
+    return "\n".join(out)
+
+
+def best_of(repeat: int, fn) -> float:
+    times = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return min(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    parse("")  # load the grammar once, outside the timings
+    rows = []
+    for size in sizes:
+        text = generate(size)
+        result = check_source(text, "generated.flow")
+        assert result.ok, [d.message for d in result.diagnostics[:3]]
+        parse_s = best_of(args.repeat, lambda text=text: parse(text, "generated.flow"))
+        total_s = best_of(args.repeat, lambda text=text: check_source(text, "generated.flow"))
+        rows.append((size, len(text.splitlines()), parse_s, total_s))
+    print("| roles | lines | parse | parse+check | per role | growth vs previous size |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    previous = None
+    for size, lines, parse_s, total_s in rows:
+        growth = f"{total_s / previous[1]:.1f}x for {size // previous[0]}x roles" if previous else "-"
+        print(f"| {size:,} | {lines:,} | {parse_s * 1000:.0f} ms | {total_s * 1000:.0f} ms | {total_s / size * 1e6:.0f} µs | {growth} |")
+        previous = (size, total_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

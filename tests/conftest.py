@@ -1,0 +1,36 @@
+"""Shared fixtures: paths into the repository and the `golden` snapshot fixture.
+
+Golden files live under golden/<test module>/, one plain-text file per snapshot, so a change
+shows up as a readable diff. `make golden` rewrites them; a snapshot no test uses fails the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "golden"
+EXAMPLES = sorted(REPO.glob("examples/*/pipeline.flow"))
+INVALID = sorted((REPO / "tests" / "invalid").glob("*.flow"))
+
+
+class GoldenText(SingleFileSnapshotExtension):
+    _write_mode = WriteMode.TEXT
+    file_extension = "txt"
+
+    @classmethod
+    def dirname(cls, *, test_location) -> str:
+        return str(GOLDEN / test_location.basename)
+
+
+@pytest.fixture
+def golden(snapshot):
+    return snapshot.use_extension(GoldenText)
+
+
+def display(path: Path) -> str:
+    """How diagnostics name a repository file: relative to the repository root."""
+    return path.relative_to(REPO).as_posix()
