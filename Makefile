@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXAMPLES := $(sort $(wildcard examples/*/pipeline.flow))
 
-.PHONY: all install demo test golden lint fmt bench clean
+.PHONY: all install demo test golden docs lint fmt bench clean
 
 all: test
 
@@ -30,6 +30,10 @@ test: $(STAMP)
 ## Rewrite the golden files under golden/ after an intended change; review the diff like code.
 golden: $(STAMP)
 	$(PY) -m pytest --snapshot-update tests
+
+## Regenerate docs/diagnostics.md from the check registry.
+docs: $(STAMP)
+	$(PY) -m flowc.check.catalog > docs/diagnostics.md
 
 lint: $(STAMP)
 	$(PY) -m ruff check compiler runtime stdlib tests bench
