@@ -7,8 +7,10 @@ from flowc.fmt import format_source
 from flowc.syntax import parse
 
 
-def compile_and_verify(text: str) -> None:
-    """Check `text`; raise AssertionError if flowc misbehaves (any other exception is a crash)."""
+def compile_and_verify(text: str) -> bool:
+    """Check `text`; raise AssertionError if flowc misbehaves (any other exception is a crash).
+
+    Returns whether the text was a valid program (so callers can tell both paths were taken)."""
     result = check_source(text, "fuzz.flow")
     lines = text.replace("\r\n", "\n").count("\n") + 1
     for d in result.diagnostics:
@@ -22,3 +24,4 @@ def compile_and_verify(text: str) -> None:
         again, _ = format_source(formatted, "fuzz.flow")
         assert again == formatted, "fmt is not idempotent"
         assert parse(formatted).module == parse(text).module, "fmt changed the meaning"
+    return result.ok
