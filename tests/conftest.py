@@ -34,3 +34,13 @@ def golden(snapshot):
 def display(path: Path) -> str:
     """How diagnostics name a repository file: relative to the repository root."""
     return path.relative_to(REPO).as_posix()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    failed = terminalreporter.stats.get("failed", [])
+    if any("snapshot" in getattr(report, "longreprtext", "") for report in failed):
+        terminalreporter.write_line(
+            "golden files differ: if the change is intended, run `make golden` and review `git diff golden/`",
+            yellow=True,
+            bold=True,
+        )
