@@ -6,9 +6,10 @@ import re
 from collections.abc import Iterator
 
 from flowc.check import schema
+from flowc.check.checks.common import repeated, repeats, text
 from flowc.check.model import BUILTIN_TYPES, Program
 from flowc.check.registry import Check, register
-from flowc.diagnostics import Diagnostic, Note
+from flowc.diagnostics import Diagnostic
 from flowc.syntax import ast
 
 _IMPL = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -19,34 +20,13 @@ class DuplicateDeclarations(Check):
     codes = {"E110": "name declared twice", "E111": "interface declared twice in a role"}
 
     def run(self, program: Program) -> Iterator[Diagnostic]:
-        first: dict[tuple[str, str], ast.Ident] = {}
-        for kind, name, _node in program.declarations:
-            key = (_namespace(kind), name.text)
-            if key in first:
-                yield Diagnostic(
-                    "E110",
-                    f"{kind} `{name.text}` is declared twice",
-                    name.span,
-                    "rename or remove one of them",
-                    (Note(first[key].span, "first declared here"),),
-                )
-            else:
-                first[key] = name
+        for (kind, name, _), (_, first, _) in repeats(program.declarations, lambda d: (_namespace(d[0]), d[1].text)):
+            yield repeated("E110", f"{kind} `{name.text}` is declared twice", name, first, "rename or remove one of them", "first declared here")
         for role in program.roles.values():
-            seen: dict[str, ast.Ident] = {}
-            for item in role.decl.items:
-                if not isinstance(item, ast.Interface):
-                    continue
-                if item.name.text in seen:
-                    yield Diagnostic(
-                        "E111",
-                        f"role `{role.name}` declares interface `{item.name.text}` twice",
-                        item.name.span,
-                        "rename or merge the two interfaces",
-                        (Note(seen[item.name.text].span, "first declared here"),),
-                    )
-                else:
-                    seen[item.name.text] = item.name
+            names = [i.name for i in role.decl.items if isinstance(i, ast.Interface)]
+            for name, first in repeats(names, text):
+                message = f"role `{role.name}` declares interface `{name.text}` twice"
+                yield repeated("E111", message, name, first, "rename or merge the two interfaces", "first declared here")
 
 
 def _namespace(kind: str) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from flowc.check import schema
+from flowc.check.checks.common import repeated, repeats, text, unique
 from flowc.check.model import GraphInfo, Program
 from flowc.check.registry import Check, register
-from flowc.diagnostics import Diagnostic, Note
+from flowc.diagnostics import Diagnostic
 from flowc.syntax import ast
 
 
@@ -28,14 +29,9 @@ class GraphEntries(Check):
                     graph.decl.name.span,
                     "add `entry PLACEHOLDER` naming the value given when the graph is called",
                 )
-            seen: dict[str, ast.Ident] = {}
-            for entry in graph.entries:
-                if entry.text in seen:
-                    yield Diagnostic(
-                        "E176", f"`{entry.text}` is an entry of graph `{graph.name}` twice", entry.span, "remove the repetition", (Note(seen[entry.text].span, "first here"),)
-                    )
-                    continue
-                seen[entry.text] = entry
+            for entry, first in repeats(graph.entries, text):
+                yield repeated("E176", f"`{entry.text}` is an entry of graph `{graph.name}` twice", entry, first, "remove the repetition")
+            for entry in unique(graph.entries, text):
                 if entry.text not in program.placeholders:
                     yield self._not_placeholder(program, graph, entry)
 
@@ -72,19 +68,11 @@ class GraphOutputs(Check):
                     graph.decl.name.span,
                     "add `return FIELD` or `stream FIELD` for the results the caller wants",
                 )
-            seen: dict[str, ast.Ident] = {}
-            for output in sorted(outputs, key=lambda o: o.span.start):
-                name = output.name
-                if name.text in seen:
-                    yield Diagnostic(
-                        "E174",
-                        f"graph `{graph.name}` lists `{name.text}` twice among its outputs",
-                        name.span,
-                        "a field is either streamed or returned, once",
-                        (Note(seen[name.text].span, "first here"),),
-                    )
-                    continue
-                seen[name.text] = name
+            names = [o.name for o in sorted(outputs, key=lambda o: o.span.start)]
+            for name, first in repeats(names, text):
+                message = f"graph `{graph.name}` lists `{name.text}` twice among its outputs"
+                yield repeated("E174", message, name, first, "a field is either streamed or returned, once")
+            for name in unique(names, text):
                 if not program.field(name.text).producers:
                     if candidates is None:
                         candidates = {n for n, i in program.fields.items() if i.producers}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from flowc.check.checks.common import repeated, repeats, text
 from flowc.check.model import InterfaceInfo, Program
 from flowc.check.registry import Check, register
 from flowc.diagnostics import Diagnostic, Note
@@ -64,15 +65,6 @@ def _merge_hint(keyword: str) -> str:
     }[keyword]
 
 
-def _duplicates(idents: Iterable[ast.Ident]) -> Iterator[tuple[ast.Ident, ast.Ident]]:
-    seen: dict[str, ast.Ident] = {}
-    for ident in idents:
-        if ident.text in seen:
-            yield ident, seen[ident.text]
-        else:
-            seen[ident.text] = ident
-
-
 @register
 class RepeatedFields(Check):
     codes = {"E133": "field repeated in one clause"}
@@ -88,14 +80,9 @@ class RepeatedFields(Check):
                 yield from self._report(interface, (i.field for i in join.items), "`join`")
 
     def _report(self, interface: InterfaceInfo, idents: Iterable[ast.Ident], where: str) -> Iterator[Diagnostic]:
-        for dup, first in _duplicates(idents):
-            yield Diagnostic(
-                "E133",
-                f"field `{dup.text}` appears twice in one {where} of `{interface.qualname}`",
-                dup.span,
-                "remove the repetition",
-                (Note(first.span, "first here"),),
-            )
+        for dup, first in repeats(idents, text):
+            message = f"field `{dup.text}` appears twice in one {where} of `{interface.qualname}`"
+            yield repeated("E133", message, dup, first, "remove the repetition")
 
 
 @register
