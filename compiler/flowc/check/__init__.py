@@ -43,7 +43,9 @@ def _check(text: str, display: str, path: Path | None) -> CheckResult:
     if not loaded.ok:
         return CheckResult(None, report.sorted(), loaded.sources)
     program = build_program(loaded.modules)
-    report.extend(run_checks(program))
+    report.extend(run_checks(program, phase=1))
+    if not report.has_errors:
+        report.extend(run_checks(program, phase=2))
     return CheckResult(program, report.sorted(), loaded.sources)
 
 

@@ -142,6 +142,7 @@ class Program:
     # every declaration in order, duplicates included, as (kind, name ident, node)
     declarations: list[tuple[str, ast.Ident, ast.Node]] = field(default_factory=list)
     resolved_types: dict[int, FlowType] = field(default_factory=dict, repr=False)
+    derived: dict[str, object] = field(default_factory=dict, repr=False)  # caches of later passes (graph IRs)
 
     @property
     def root(self) -> ModuleInfo:

@@ -29,6 +29,9 @@ CODES: dict[str, str] = {
 
 class Check:
     codes: ClassVar[dict[str, str]] = {}
+    # Phase 1 checks the program; phase 2 analyses each graph and runs only when phase 1
+    # found no errors, so an unknown name is never also reported as a dead branch.
+    phase: ClassVar[int] = 1
 
     def run(self, program: Program) -> Iterable[Diagnostic]:
         raise NotImplementedError
@@ -46,6 +49,7 @@ def register(cls: type[Check]) -> type[Check]:
     return cls
 
 
-def run_checks(program: Program) -> Iterator[Diagnostic]:
+def run_checks(program: Program, phase: int = 1) -> Iterator[Diagnostic]:
     for check in REGISTRY:
-        yield from check().run(program)
+        if check.phase == phase:
+            yield from check().run(program)

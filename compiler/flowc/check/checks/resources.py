@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import networkx as nx
+
 from flowc.check import schema
 from flowc.check.checks.fields import unknown_role
 from flowc.check.model import Program, RoleInfo
@@ -19,9 +21,23 @@ class SharedGpus(Check):
         "E160": "`share gpus with` a role that owns no GPUs",
         "E161": "role both owns GPUs and shares another's",
         "E162": "`share gpus with` given twice",
+        "E207": "roles share GPUs in a cycle",
     }
 
     def run(self, program: Program) -> Iterator[Diagnostic]:
+        shares = nx.DiGraph((r.name, r.share_target) for r in program.roles.values() if r.share_target in program.roles)
+        in_cycle: set[str] = set()
+        for cycle in sorted(sorted(c) for c in nx.simple_cycles(shares)):
+            in_cycle |= set(cycle)
+            roles = sorted((program.roles[name] for name in cycle), key=lambda r: r.shares[0].span.sort_key())
+            chain = " → ".join(f"`{r.name}`" for r in roles) + f" → `{roles[0].name}`"
+            yield Diagnostic(
+                "E207",
+                f"roles share GPUs in a cycle: {chain}; none of them owns the cards",
+                roles[0].shares[0].span,
+                "give one of them `gpus N` and let the others share its cards",
+                tuple(Note(r.shares[0].span, f"`{r.name}` shares here") for r in roles[1:]),
+            )
         for role in program.roles.values():
             for extra in role.shares[1:]:
                 yield Diagnostic(
@@ -31,7 +47,7 @@ class SharedGpus(Check):
                     "a role shares the cards of one layer-0 role; keep one `share gpus with`",
                     (Note(role.shares[0].span, "first `share` here"),),
                 )
-            if role.shares:
+            if role.shares and role.name not in in_cycle:
                 yield from self._share(program, role, role.shares[0])
 
     def _share(self, program: Program, role: RoleInfo, share: ast.ShareGpus) -> Iterator[Diagnostic]:

@@ -1,0 +1,158 @@
+"""Checks only graph analysis can make (phase 2): dead branches and joins, joins in loops, loops
+that never yield a result, unreachable roles, ordered streams with nothing to order them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from flowc.check.model import Program
+from flowc.check.registry import Check, register
+from flowc.diagnostics import Diagnostic, Note
+from flowc.ir import GraphIR, graph_irs
+from flowc.ir.graph import live_fields
+
+
+def _plans(program: Program):
+    from flowc.plan import plan_graph
+
+    plans = program.derived.get("graph_plans")
+    if plans is None:
+        plans = program.derived["graph_plans"] = {name: plan_graph(ir) for name, ir in graph_irs(program).items()}
+    return plans
+
+
+def _missing(ir: GraphIR, node_id: str, group: int) -> list[str]:
+    node = ir.nodes[node_id]
+    present = live_fields(node, ir.inbound_all(node_id), ir.live, group)
+    if node.join is not None:
+        return [f for f, n in node.join.items() if n is not None and f not in present]
+    return [f for f in node.groups[group] if f not in present]
+
+
+@register
+class DeadBranches(Check):
+    phase = 2
+    codes = {
+        "E201": "an OR group (a bucket) that can never fire",
+        "E202": "a count join that can never fire",
+    }
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        irs = graph_irs(program)
+        for info in program.interfaces():
+            node_id = info.qualname
+            for group in range(1 if info.join else len(info.groups)):
+                reached = [ir for ir in irs.values() if live_fields(ir.nodes[node_id], ir.inbound_all(node_id), ir.live, group)]
+                dead = [ir for ir in reached if _missing(ir, node_id, group) or (info.join and node_id not in ir.live)]
+                if not reached or len(dead) < len(reached):
+                    continue
+                ir = dead[0]
+                missing = ", ".join(f"`{f}`" for f in _missing(ir, node_id, group)) or "an input"
+                graphs = ", ".join(f"`{d.name}`" for d in dead)
+                if info.join is not None:
+                    yield Diagnostic(
+                        "E202",
+                        f"the join of `{node_id}` can never fire: in graph {graphs} no producer of {missing} is reachable from the entry",
+                        info.join.span,
+                        "use `all` for a field that may have no frames, or make the graph's entry reach a producer of it",
+                    )
+                    continue
+                and_group = info.groups[group]
+                fields = " & ".join(r.field.text for r in and_group.inputs)
+                producers = {e.source for e in ir.inbound_all(node_id) if e.group == group}
+                what = "bucket" if len(producers) >= 2 else "input group"
+                yield Diagnostic(
+                    "E201",
+                    f"the {what} `{fields}` of `{node_id}` can never fire: in graph {graphs} no producer of {missing} is reachable from the entry",
+                    and_group.span,
+                    "remove the dead alternative, or make the graph's entry reach a producer of the missing field",
+                )
+
+
+@register
+class Loops(Check):
+    phase = 2
+    codes = {
+        "E203": "`join ... all` inside a loop",
+        "E204": "a loop whose results never leave it",
+    }
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        reported: set[tuple[str, ...]] = set()
+        for name, plan in _plans(program).items():
+            ir = graph_irs(program)[name]
+            produced = {o.field for o in plan.outputs}
+            for component in plan.sccs:
+                members = set(component)
+                for node_id in component:
+                    node = ir.nodes[node_id]
+                    if node.join is not None and None in node.join.values() and (node_id,) not in reported:
+                        reported.add((node_id,))
+                        item = next(i for i in node.info.join.items if i.count is None)
+                        yield Diagnostic(
+                            "E203",
+                            f"`{node_id}` waits for `all` of `{item.field.text}` inside a loop, where the upstream never ends",
+                            item.span,
+                            "use a count (`" + item.field.text + ": 1`) inside loops, or move the join after the loop",
+                        )
+                leaves = any(e.target not in members for n in component for e in ir.outbound.get(n, []))
+                yields = any(f in produced for n in component for f in ir.nodes[n].outputs)
+                if leaves or yields or component in reported:
+                    continue
+                reported.add(component)
+                first = min((ir.nodes[n] for n in component), key=lambda n: n.span.sort_key())
+                loop = " → ".join(component)
+                yield Diagnostic(
+                    "E204",
+                    f"the loop {loop} never yields a result in graph `{name}`: nothing leaves it and none of its fields is streamed or returned",
+                    first.span,
+                    "stream or return a field the loop produces, or consume one outside the loop so it can exit",
+                    tuple(Note(ir.nodes[n].span, f"`{n}` is part of the loop") for n in component if ir.nodes[n] is not first),
+                )
+
+
+@register
+class Reachability(Check):
+    phase = 2
+    codes = {
+        "W205": "role no graph can reach",
+        "W206": "`stream ... ordered` with nothing to order it",
+        "E208": "graph output that nothing reachable from the entry produces",
+    }
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        irs = graph_irs(program)
+        if not program.is_library:
+            root = program.root.path
+            for role in program.roles.values():
+                if role.decl.span.file != root or not role.interfaces:
+                    continue
+                if not any(f"{role.name}.{i}" in ir.live for ir in irs.values() for i in role.interfaces):
+                    yield Diagnostic(
+                        "W205",
+                        f"role `{role.name}` can never run: no graph's entry reaches its inputs",
+                        role.decl.name.span,
+                        "connect its inputs to a graph's entry, or remove the role",
+                    )
+        for name, plan in _plans(program).items():
+            clauses = {c.field.name.text: c for c in irs[name].info.streams}
+            for output, declared in zip(plan.outputs, [c.field for c in irs[name].info.streams] + irs[name].info.returns, strict=True):
+                if not output.producers:
+                    yield Diagnostic(
+                        "E208",
+                        f"graph `{name}` {output.kind}s `{output.field}`, but no producer of it is reachable from the graph's entry",
+                        declared.name.span,
+                        f"connect a producer of `{output.field}` to the graph's entry, or drop it from the graph",
+                    )
+            for output in plan.outputs:
+                if not output.ordered or output.order_source is not None:
+                    continue
+                clause = clauses[output.field]
+                if len(output.producers) > 1:
+                    message = f"`{output.field}` is streamed ordered, but its frames come from {len(output.producers)} producers with no common order"
+                    hint = f"route `{output.field}` through one `lb session` role, which puts frames in one order"
+                else:
+                    (producer,) = output.producers
+                    message = f"`{output.field}` is streamed ordered, but `{producer}` may run several activations at once and nothing orders them"
+                    hint = f"make `{producer.split('.')[0]}` (or a role on the way to it) `lb session`"
+                yield Diagnostic("W206", message, clause.span, hint)

@@ -1,0 +1,207 @@
+"""The IR of one graph: interface nodes, field-level edges, liveness, and dominators.
+
+Node ids: `@GRAPH` is the call's start, `$NAME` a placeholder, `role.interface` an interface.
+An edge carries one field from a producer into one OR group (`group`) of a consumer; a join is
+a single group 0. A node is *live* in a graph when it can ever fire there: an OR group is live
+when every field of it has a live producer (a join when every counted field does); liveness is a
+fixpoint from the graph's entry placeholders, so loops that start from a live branch are live.
+The start node dominates everything live; `dominators` answers "does every path to n pass m".
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from flowc.check.model import GraphInfo, InterfaceInfo, Program
+from flowc.spans import Span
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    field: str
+    group: int
+    span: Span  # the consumer's reference to the field
+
+
+@dataclass
+class Node:
+    id: str
+    kind: str  # "start" | "placeholder" | "interface"
+    groups: list[list[str]] = field(default_factory=list)  # fields of each AND group (a join: one group)
+    join: dict[str, int | None] | None = None  # field -> threshold (None = all)
+    outputs: list[str] = field(default_factory=list)
+    stream: bool = False
+    session: bool = False
+    info: InterfaceInfo | None = None
+    span: Span | None = None
+
+    @property
+    def role(self) -> str | None:
+        return self.info.role if self.info else None
+
+
+@dataclass
+class GraphIR:
+    name: str
+    info: GraphInfo
+    start: str
+    nodes: dict[str, Node]
+    edges: list[Edge]
+    live: set[str]
+    digraph: nx.DiGraph  # live nodes, one arc per producer->consumer pair
+    inbound: dict[str, list[Edge]]  # live edges by target
+    outbound: dict[str, list[Edge]]  # live edges by source
+
+    @functools.cached_property
+    def _all_inbound(self) -> dict[str, list[Edge]]:
+        by_target: dict[str, list[Edge]] = defaultdict(list)
+        for e in self.edges:
+            by_target[e.target].append(e)
+        return dict(by_target)
+
+    def inbound_all(self, node: str) -> list[Edge]:
+        """Every edge into `node`, from live producers or not."""
+        return self._all_inbound.get(node, [])
+
+    def group_edges(self, node: str, group: int) -> list[Edge]:
+        return [e for e in self.inbound.get(node, []) if e.group == group]
+
+    @functools.cached_property
+    def idom(self) -> dict[str, str]:
+        return nx.immediate_dominators(self.digraph, self.start)
+
+    @functools.cached_property
+    def dom_depth(self) -> dict[str, int]:
+        depth = {self.start: 0}
+        tree = nx.DiGraph((parent, child) for child, parent in self.idom.items() if child != parent)
+        tree.add_node(self.start)
+        for parent, child in nx.bfs_edges(tree, self.start):
+            depth[child] = depth[parent] + 1
+        return depth
+
+    def common_dominator(self, nodes: list[str]) -> str:
+        """The nearest node that every path from the start to each of `nodes` passes through."""
+        idom, depth = self.idom, self.dom_depth
+        current = nodes[0]
+        for other in nodes[1:]:
+            a, b = current, other
+            while a != b:
+                if depth[a] >= depth[b]:
+                    a = idom[a]
+                else:
+                    b = idom[b]
+            current = a
+        return current
+
+    def dominates(self, a: str, b: str) -> bool:
+        idom = self.idom
+        while True:
+            if a == b:
+                return True
+            parent = idom[b]
+            if parent == b:
+                return False
+            b = parent
+
+
+def interface_id(info: InterfaceInfo) -> str:
+    return info.qualname
+
+
+def build_graph_ir(program: Program, graph: GraphInfo) -> GraphIR:
+    nodes: dict[str, Node] = {}
+    start = f"@{graph.name}"
+    nodes[start] = Node(start, "start", outputs=[e.text for e in graph.entries], span=graph.decl.name.span)
+    for name, decl in program.placeholders.items():
+        nodes[f"${name}"] = Node(f"${name}", "placeholder", groups=[[name]], outputs=[name], span=decl.name.span)
+    for info in program.interfaces():
+        nodes[interface_id(info)] = _interface_node(program, info)
+    edges = _edges(program, graph, nodes, start)
+    live = _liveness(nodes, edges, start)
+    live_edges = [e for e in edges if e.source in live and e.target in live]
+    inbound: dict[str, list[Edge]] = defaultdict(list)
+    outbound: dict[str, list[Edge]] = defaultdict(list)
+    digraph = nx.DiGraph()
+    digraph.add_nodes_from(sorted(live))
+    for e in live_edges:
+        inbound[e.target].append(e)
+        outbound[e.source].append(e)
+        digraph.add_edge(e.source, e.target)
+    return GraphIR(graph.name, graph, start, nodes, edges, live, digraph, dict(inbound), dict(outbound))
+
+
+def _interface_node(program: Program, info: InterfaceInfo) -> Node:
+    role = program.roles[info.role]
+    join = info.join
+    if join is not None:
+        groups = [[item.field.text for item in join.items]]
+        thresholds = {item.field.text: item.count for item in join.items}
+    else:
+        groups = [[ref.field.text for ref in g.inputs] for g in info.groups]
+        thresholds = None
+    return Node(
+        id=info.qualname,
+        kind="interface",
+        groups=groups,
+        join=thresholds,
+        outputs=[o.name.text for o in info.outputs],
+        stream=info.stream,
+        session=role.config.get("lb") == "session",
+        info=info,
+        span=info.decl.name.span,
+    )
+
+
+def _edges(program: Program, graph: GraphInfo, nodes: dict[str, Node], start: str) -> list[Edge]:
+    edges = [Edge(start, f"${e.text}", e.text, 0, e.span) for e in graph.entries if f"${e.text}" in nodes]
+    for info in program.interfaces():
+        target = info.qualname
+        refs = [(0, item.field, item.source) for item in info.join.items] if info.join else [
+            (g, ref.field, ref.source) for g, group in enumerate(info.groups) for ref in group.inputs
+        ]
+        for group, ref, source in refs:
+            name = ref.text
+            if source is None and name in program.placeholders:
+                edges.append(Edge(f"${name}", target, name, group, ref.span))
+            for producer in program.field(name).producers:
+                if source is None or (producer.role, producer.interface) == (source.role.text, source.interface.text):
+                    edges.append(Edge(f"{producer.role}.{producer.interface}", target, name, group, ref.span))
+    return edges
+
+
+def _liveness(nodes: dict[str, Node], edges: list[Edge], start: str) -> set[str]:
+    """Nodes that can fire in the graph: a worklist fixpoint, linear in the edges."""
+    inbound: dict[str, list[Edge]] = defaultdict(list)
+    consumers: dict[str, set[str]] = defaultdict(set)
+    for e in edges:
+        inbound[e.target].append(e)
+        consumers[e.source].add(e.target)
+    live = {start}
+    work = [start]
+    while work:
+        node = work.pop()
+        for target in sorted(consumers.get(node, ())):
+            if target not in live and can_fire(nodes[target], inbound[target], live):
+                live.add(target)
+                work.append(target)
+    return live
+
+
+def live_fields(node: Node, inbound: list[Edge], live: set[str], group: int) -> set[str]:
+    return {e.field for e in inbound if e.group == group and e.source in live}
+
+
+def can_fire(node: Node, inbound: list[Edge], live: set[str]) -> bool:
+    if node.kind == "placeholder":
+        return any(e.source in live for e in inbound)
+    if node.join is not None:
+        present = live_fields(node, inbound, live, 0)
+        counted = {f for f, n in node.join.items() if n is not None}
+        return bool(present) and counted <= present
+    return any(set(fields) <= live_fields(node, inbound, live, g) for g, fields in enumerate(node.groups))
