@@ -117,16 +117,6 @@ def test_fmt_of_broken_file_reports_and_keeps_the_file(tmp_path):
     assert path.read_text() == "role {\n"
 
 
-def test_plan_text_and_json():
-    path = "examples/image_chat/pipeline.flow"
-    text = flowc("plan", path)
-    assert text.returncode == 0
-    assert "graph chat: entry request; stream token (ordered); return image" in text.stdout
-    payload = json.loads(flowc("plan", "--json", path).stdout)
-    assert payload["fields"]["vit_emb"]["consumers"] == ["dit.denoise", "llm.generate"]
-    assert payload["roles"]["dit"]["config"]["share_gpus_with"] == "llm"
-
-
 def test_plan_of_invalid_file_exits_one():
     path = next(p for p in INVALID if p.stem == "E140_field_without_producer")
     result = flowc("plan", str(path.relative_to(REPO)))

@@ -165,24 +165,67 @@ def fmt(files: tuple[str, ...], check_only: bool, diff: bool, color: bool | None
     sys.exit(EXIT_ERRORS if failed else EXIT_OK)
 
 
+def _checked_program(file: str, color: bool | None):
+    result = _check(file)
+    if not result.ok or result.program is None:
+        click.echo(render_text(result.diagnostics, result.sources, _color(color)), err=True)
+        click.echo(f"flowc: {file} has errors; fix them first", err=True)
+        sys.exit(EXIT_ERRORS)
+    return result.program
+
+
 @main.command()
 @click.argument("file")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (schema: docs/plan.schema.json).")
 @_color_option
 def plan(file: str, as_json: bool, color: bool | None) -> None:
-    """Check a .flow file and print its plan: graphs, roles, fields and how they connect.
+    """Check a .flow file and print its static plan: per graph, how every interface is
+    activated (direct, bucket, join), diamond roots, critical slots, control edges, loops.
 
     \b
     Examples:
       flowc plan examples/image_chat/pipeline.flow
       flowc plan --json examples/image_chat/pipeline.flow
     """
-    from flowc.summary import summarize, summary_text
+    from flowc.plan import build_plan
+    from flowc.plan.text import plan_text
 
-    result = _check(file)
-    if not result.ok or result.program is None:
-        click.echo(render_text(result.diagnostics, result.sources, _color(color)), err=True)
-        click.echo(f"flowc: {file} has errors; no plan", err=True)
-        sys.exit(EXIT_ERRORS)
-    summary = summarize(result.program)
-    click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json else summary_text(summary))
+    static_plan = build_plan(_checked_program(file, color))
+    click.echo(json.dumps(static_plan.as_json(), indent=2, sort_keys=True) if as_json else plan_text(static_plan), nl=as_json)
+
+
+@main.command()
+@click.argument("file")
+@click.option("--format", "picture", type=click.Choice(["mermaid", "dot", "svg"]), default="mermaid", show_default=True)
+@click.option("--graph", "graph_name", help="Which graph to draw (default: the first one declared).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write to a file instead of stdout.")
+@_color_option
+def graph(file: str, picture: str, graph_name: str | None, output: str | None, color: bool | None) -> None:
+    """Draw a graph of a .flow file: roles as clusters, interfaces as nodes, fields on edges;
+    buckets, joins and session nodes marked; loop back edges dashed.
+
+    \b
+    Examples:
+      flowc graph examples/image_chat/pipeline.flow > chat.mmd
+      flowc graph --format svg -o chat.svg examples/image_chat/pipeline.flow
+    """
+    from flowc.plan import build_plan, pictures
+
+    static_plan = build_plan(_checked_program(file, color))
+    declared = list(_checked_program(file, color).graphs)
+    if not declared:
+        raise click.UsageError(f"{file} declares no graph to draw")
+    name = graph_name or declared[0]
+    if name not in static_plan.graphs:
+        raise click.UsageError(f"no graph `{name}` in {file}; it has {', '.join(declared)}")
+    if graph_name is None and len(declared) > 1:
+        click.echo(f"flowc: drawing graph `{name}`; choose another with --graph ({', '.join(declared)})", err=True)
+    try:
+        text = {"mermaid": pictures.mermaid, "dot": pictures.dot, "svg": pictures.svg}[picture](static_plan.graphs[name])
+    except pictures.GraphvizMissing as error:
+        click.echo(f"flowc: {error}", err=True)
+        sys.exit(EXIT_USAGE)
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=False)

@@ -1,0 +1,368 @@
+"""The static plan on the paper's cases, with the reason each value is right."""
+
+from __future__ import annotations
+
+from flowc.check import check_source
+from flowc.plan import build_plan
+from tests.conftest import REPO
+
+
+def plan_of(text: str, name: str = "t.flow"):
+    result = check_source(text, name)
+    assert result.ok, [f"{d.code} {d.message}" for d in result.diagnostics]
+    return build_plan(result.program)
+
+
+def example(name: str):
+    return plan_of((REPO / f"examples/{name}/pipeline.flow").read_text())
+
+
+def slots(group):
+    return [(s.producer, s.field, s.critical, s.stream) for s in group.slots]
+
+
+def test_fig3_image_chat():
+    chat = example("image_chat").graphs["chat"]
+    llm = chat.nodes["llm.generate"]
+    # Group 0 (`txt_emb`) has one direct predecessor, embed.encode: no bucket, one activation per frame.
+    assert llm.groups[0].routing == "direct"
+    # Group 1 (`vit_emb & vae_lat`) converges from vit.encode and vae.encode: a bucket. Both paths
+    # leave frontend.parse with the same image segment, so frontend.parse (the fork source every
+    # path passes through) is the diamond root: both halves of one segment meet in one bucket.
+    assert llm.groups[1].routing == "bucket"
+    assert llm.groups[1].root == "frontend.parse"
+    # Each field has exactly one upstream path, so each slot is critical: if the VAE path of a
+    # segment is unreachable the AND can never hold and the bucket is DEAD at once.
+    assert slots(llm.groups[1]) == [("vit.encode", "vit_emb", True, False), ("vae.encode", "vae_lat", True, False)]
+    # The edges into the bucket use Rule C seeded from the root; the encoders themselves have no
+    # bucket, so frontend.parse's edges to them use Rule A (each segment its own activation).
+    assert [(t.node, t.aid_rule, t.root) for t in chat.nodes["vit.encode"].control["vit_emb"]] == [
+        ("dit.denoise", "join", None),
+        ("llm.generate", "C", "frontend.parse"),
+    ]
+    assert {t.aid_rule for targets in chat.nodes["frontend.parse"].control.values() for t in targets} == {"A"}
+    assert chat.nodes["frontend.parse"].diamond_root
+    assert [n for n, node in chat.nodes.items() if node.diamond_root] == ["frontend.parse"]
+    # dit.denoise is a count join: one bucket per call. `all` of vit_emb completes when the path
+    # that can produce it (request -> frontend.parse -> vit.encode) has ended for the call.
+    denoise = chat.nodes["dit.denoise"]
+    assert denoise.groups[0].routing == "join"
+    assert [(j.field, j.threshold, j.upstream) for j in denoise.join] == [
+        ("hidden", 1, ()),
+        ("vit_emb", None, ("$request", "frontend.parse", "vit.encode")),
+        ("vae_lat", None, ("$request", "frontend.parse", "vae.encode")),
+    ]
+    # llm is `lb session`: it orders its activations and re-numbers, so the ordered token stream
+    # has a source; frontend.parse and llm.generate stream, so they stamp SeqIds.
+    assert llm.session and llm.seq_generator
+    (token,) = [o for o in chat.outputs if o.field == "token"]
+    assert token.ordered and token.order_source == "llm.generate"
+    assert chat.sccs == () and chat.back_edges == () and chat.unreachable == ()
+
+
+CASE = """
+placeholder request: Json
+
+role root {{
+    impl "m:Root"
+    interface fork {{
+        in  request
+        out {root_stream}x: Json
+    }}
+}}
+
+role a {{
+    impl "m:A"
+    interface run {{
+        in  x
+        out {mid_stream}fa: Tensor
+    }}
+}}
+
+role b {{
+    impl "m:B"
+    interface run {{ in x  out fb: Tensor }}
+}}
+
+role sink {{
+    impl "m:Sink"
+    lb session
+    interface meet {{
+        in  fa & fb
+        out result: Json
+    }}
+}}
+
+graph g {{
+    entry  request
+    stream result ordered
+}}
+"""
+
+
+def case(root_stream: bool, mid_stream: bool):
+    text = CASE.format(root_stream="stream " if root_stream else "", mid_stream="stream " if mid_stream else "")
+    return plan_of(text).graphs["g"]
+
+
+def test_appendix_a_case_1_multi_frame_root_single_frame_intermediates():
+    g = case(root_stream=True, mid_stream=False)
+    meet = g.nodes["sink.meet"].groups[0]
+    # root.fork is the diamond root; each of its K yields seeds a different aid (Rule C with the
+    # root's yield index), so the sink splits into K buckets, one per root frame. The
+    # intermediates yield once, so no slot accumulates.
+    assert (meet.routing, meet.root) == ("bucket", "root.fork")
+    assert slots(meet) == [("a.run", "fa", True, False), ("b.run", "fb", True, False)]
+    assert g.nodes["root.fork"].diamond_root
+    # sink is a session node: the K buckets are released in the root's order.
+    assert g.nodes["sink.meet"].session
+
+
+def test_appendix_a_case_2_single_frame_root_multi_frame_intermediate():
+    g = case(root_stream=False, mid_stream=True)
+    meet = g.nodes["sink.meet"].groups[0]
+    # The root yields once, so every one of a.run's M frames carries the same root entry and
+    # the same aid: all M accumulate in one bucket, delivered in order as a list at a.run's end
+    # of stream (a stream slot). b.run yields once: an ordinary slot.
+    assert (meet.routing, meet.root) == ("bucket", "root.fork")
+    assert slots(meet) == [("a.run", "fa", True, True), ("b.run", "fb", True, False)]
+
+
+def test_appendix_a_case_3_multi_frame_root_and_intermediate():
+    g = case(root_stream=True, mid_stream=True)
+    meet = g.nodes["sink.meet"].groups[0]
+    # Both layers at once: the root's yield index picks the outer bucket (one per root frame)
+    # and a.run's frames for that root frame accumulate inside it as a list.
+    assert (meet.routing, meet.root) == ("bucket", "root.fork")
+    assert slots(meet) == [("a.run", "fa", True, True), ("b.run", "fb", True, False)]
+    assert [(t.node, t.aid_rule, t.root) for t in g.nodes["a.run"].control["fa"]] == [("sink.meet", "C", "root.fork")]
+
+
+NESTED = """
+placeholder request: Json
+
+role r {
+    impl "m:R"
+    interface fork {
+        in  request
+        out stream x: Json
+    }
+}
+
+role p {
+    impl "m:P"
+    interface fork {
+        in  x
+        out stream y: Json
+    }
+}
+
+role p1 {
+    impl "m:P1"
+    interface run { in y  out y1: Json }
+}
+
+role p2 {
+    impl "m:P2"
+    interface run { in y  out y2: Json }
+}
+
+role m {
+    impl "m:M"
+    interface meet {
+        in  y1 & y2
+        out inner: Json
+    }
+}
+
+role q {
+    impl "m:Q"
+    interface run { in x  out side: Json }
+}
+
+role s {
+    impl "m:S"
+    interface meet {
+        in  inner & side
+        out result: Json
+    }
+}
+
+role t {
+    impl "m:T"
+    interface meet {
+        in  x & result
+        out final: Json
+    }
+}
+
+graph g {
+    entry  request
+    return final
+}
+"""
+
+
+def test_nested_diamonds_have_one_root_per_level():
+    g = plan_of(NESTED).graphs["g"]
+    # Inner diamond p -> {p1, p2} -> m: its root is p. Outer diamond r -> {p..m, q} -> s: its
+    # root is r, which both m and q are reached through.
+    assert g.nodes["m.meet"].groups[0].root == "p.fork"
+    assert g.nodes["s.meet"].groups[0].root == "r.fork"
+    # t.meet takes x straight from r and result through s: r is a predecessor and dominates
+    # the other, so r is the root of this triangle and its direct slot is not a stream slot
+    # (each of r's frames is its own bucket).
+    assert g.nodes["t.meet"].groups[0].root == "r.fork"
+    assert slots(g.nodes["t.meet"].groups[0])[0] == ("r.fork", "x", True, False)
+    # Messages below p carry both levels' entries, outermost first; q is not under p.
+    assert g.nodes["p1.run"].carried_roots == ("r.fork", "p.fork")
+    assert g.nodes["m.meet"].carried_roots == ("r.fork", "p.fork")
+    assert g.nodes["q.run"].carried_roots == ("r.fork",)
+    assert {n for n, node in g.nodes.items() if node.diamond_root} == {"r.fork", "p.fork"}
+
+
+def test_loop_components_back_edges_and_dedup():
+    ask = example("agent_loop").graphs["ask"]
+    assert ask.sccs == (("agent.think", "tools.run"),)
+    assert ask.back_edges == (("tools.run", "agent.think", "observation"),)
+    assert ask.nodes["agent.think"].in_cycle and ask.nodes["tools.run"].in_cycle
+    assert not ask.nodes["$question"].in_cycle
+    think = ask.nodes["agent.think"]
+    assert [(g.routing, g.fields) for g in think.groups] == [("direct", ("question",)), ("direct", ("observation",))]
+
+
+def test_count_join_with_unknown_fan_in():
+    paint = example("count_join").graphs["paint"]
+    join = paint.nodes["painter.paint"]
+    assert join.groups[0].routing == "join"
+    (prompt, condition) = join.join
+    assert (prompt.threshold, condition.threshold) == (1, None)
+    assert condition.upstream == ("$request", "encoder.encode", "reader.read")
+    assert {t.aid_rule for t in paint.nodes["encoder.encode"].control["condition"]} == {"join"}
+
+
+def test_diamond_example_buckets_per_frame():
+    describe = example("diamond").graphs["describe"]
+    combine = describe.nodes["fuse.combine"].groups[0]
+    assert (combine.routing, combine.root) == ("bucket", "split.frames")
+    assert slots(combine) == [("color.encode", "color_feat", True, False), ("shape.encode", "shape_feat", True, False)]
+
+
+def test_order_through_a_session_node():
+    write = example("ordered_stream").graphs["write"]
+    # stylist runs out of order on four replicas but propagates writer's SeqIds;
+    # editor is the order-preservation point and re-numbers.
+    assert write.nodes["stylist.style"].order_source == "writer.write"
+    assert write.nodes["editor.edit"].order_source == "editor.edit"
+    (line,) = write.outputs
+    assert line.ordered and line.order_source == "editor.edit"
+    assert write.timeout_s == 30.0
+
+
+MULTI = """
+placeholder text: Text
+placeholder image: Image
+
+role enc {
+    impl "m:Enc"
+    interface text { in text  out t: Tensor }
+    interface image { in image  out i: Tensor }
+}
+
+role llm {
+    impl "m:Llm"
+    interface gen {
+        in  t | t & i
+        out answer: Text
+    }
+}
+
+graph chat {
+    entry  text
+    return answer
+}
+
+graph vision {
+    entry  text, image
+    return answer
+}
+"""
+
+
+def test_plans_are_per_graph():
+    plan = plan_of(MULTI)
+    chat, vision = plan.graphs["chat"], plan.graphs["vision"]
+    # In `chat` no image is ever given: the second group can never fire there (it fires in
+    # `vision`, so this is no error) and enc.image never runs.
+    assert [g.routing for g in chat.nodes["llm.gen"].groups] == ["direct", "dead"]
+    assert chat.nodes["llm.gen"].groups[1].missing == ("i",)
+    assert chat.unreachable == ("enc.image",)
+    assert [g.routing for g in vision.nodes["llm.gen"].groups] == ["direct", "bucket"]
+    assert vision.nodes["llm.gen"].groups[1].root == "@vision"
+    assert [t.node for t in chat.nodes["enc.text"].control["t"]] == ["llm.gen"]
+
+
+def test_several_producers_give_non_critical_slots():
+    text = """
+placeholder request: Json
+
+role a {
+    impl "m:A"
+    interface run { in request  out x: Json }
+}
+
+role b {
+    impl "m:B"
+    interface run { in request  out x: Json }
+}
+
+role c {
+    impl "m:C"
+    interface run { in request  out y: Json }
+}
+
+role sink {
+    impl "m:Sink"
+    interface meet {
+        in  x & y
+        out result: Json
+    }
+}
+
+graph g {
+    entry  request
+    return result
+}
+"""
+    meet = plan_of(text).graphs["g"].nodes["sink.meet"].groups[0]
+    # x arrives on two paths: either may be unreachable without killing the bucket; y has one.
+    assert slots(meet) == [("a.run", "x", False, False), ("b.run", "x", False, False), ("c.run", "y", True, False)]
+    assert meet.root == "$request"
+
+
+def test_from_restriction_limits_slots():
+    text = """
+placeholder request: Json
+
+role a {
+    impl "m:A"
+    interface run { in request  out x: Json }
+}
+
+role b {
+    impl "m:B"
+    interface run { in request  out x: Json }
+}
+
+role sink {
+    impl "m:Sink"
+    interface take { in x from b.run  out result: Json }
+}
+
+graph g {
+    entry  request
+    return result
+}
+"""
+    take = plan_of(text).graphs["g"].nodes["sink.take"].groups[0]
+    assert (take.routing, slots(take)) == ("direct", [("b.run", "x", True, False)])
