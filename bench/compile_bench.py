@@ -1,10 +1,12 @@
-"""Front-end speed: parse and check time for generated programs of 100 / 1,000 / 10,000 roles.
+"""Compile speed: parse, check and plan time for generated programs of 100 / 1,000 / 10,000 roles.
 
 The generated pipeline is layered like real ones: each role consumes one or two fields of
 earlier roles (so there are diamonds and OR groups), some stream, some share GPUs, and one graph
 returns the last fields. Reported: best-of-N wall time per phase, time per role, and growth
 from each size to the next (10x the roles; near-linear growth is about 10x the time).
-Goal: parse+check of 1,000 roles in at most 1 s, near-linear growth.
+Goals: parse+check of 1,000 roles in at most 1 s; plan of 1,000 / 10,000 roles in at most
+1 s / 10 s; near-linear growth. "check" includes the graph-analysis checks (phase 2), which
+build the per-graph IR; "plan" is `build_plan` on a freshly checked program (IR built again).
 
     python bench/compile_bench.py [--sizes 100,1000,10000] [--repeat 3]
 """
@@ -20,6 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 from flowc.check import check_source  # noqa: E402
+from flowc.gcpause import gc_paused  # noqa: E402
+from flowc.plan import build_plan  # noqa: E402
 from flowc.syntax import parse  # noqa: E402
 
 
@@ -54,6 +58,19 @@ def generate(roles: int, seed: int = 0) -> str:
     return "\n".join(out)
 
 
+def plan_time(text: str, repeat: int) -> float:
+    """`build_plan` alone, best of `repeat`: checked first (untimed), cached IR dropped each time."""
+    program = check_source(text, "generated.flow").program
+    times = []
+    for _ in range(repeat):
+        program.derived.clear()
+        began = time.perf_counter()
+        with gc_paused():
+            build_plan(program)
+        times.append(time.perf_counter() - began)
+    return min(times)
+
+
 def best_of(repeat: int, fn) -> float:
     times = []
     for _ in range(repeat):
@@ -76,14 +93,19 @@ def main() -> int:
         result = check_source(text, "generated.flow")
         assert result.ok, [d.message for d in result.diagnostics[:3]]
         parse_s = best_of(args.repeat, lambda text=text: parse(text, "generated.flow"))
-        total_s = best_of(args.repeat, lambda text=text: check_source(text, "generated.flow"))
-        rows.append((size, len(text.splitlines()), parse_s, total_s))
-    print("| roles | lines | parse | parse+check | per role | growth vs previous size |")
-    print("|---:|---:|---:|---:|---:|---:|")
+        check_s = best_of(args.repeat, lambda text=text: check_source(text, "generated.flow"))
+        plan_s = plan_time(text, args.repeat)
+        rows.append((size, len(text.splitlines()), parse_s, check_s, plan_s))
+    print("| roles | lines | parse | parse+check | plan | per role (check+plan) | growth vs previous size |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     previous = None
-    for size, lines, parse_s, total_s in rows:
+    for size, lines, parse_s, check_s, plan_s in rows:
+        total_s = check_s + plan_s
         growth = f"{total_s / previous[1]:.1f}x for {size // previous[0]}x roles" if previous else "-"
-        print(f"| {size:,} | {lines:,} | {parse_s * 1000:.0f} ms | {total_s * 1000:.0f} ms | {total_s / size * 1e6:.0f} µs | {growth} |")
+        print(
+            f"| {size:,} | {lines:,} | {parse_s * 1000:.0f} ms | {check_s * 1000:.0f} ms | {plan_s * 1000:.0f} ms "
+            f"| {total_s / size * 1e6:.0f} µs | {growth} |"
+        )
         previous = (size, total_s)
     return 0
 

@@ -91,6 +91,10 @@ def plan_graph(ir: GraphIR) -> GraphPlan:
     carried = _carried_roots(ir, roots)
     order = _order_sources(ir, groups, in_cycle, sccs)
     outputs = _outputs(ir, order)
+    to_caller: dict[str, list[str]] = {}
+    for output in outputs:
+        for producer in output.producers:
+            to_caller.setdefault(producer, []).append(output.field)
     nodes = {}
     for node_id in sorted(ir.live):
         node = ir.nodes[node_id]
@@ -100,7 +104,7 @@ def plan_graph(ir: GraphIR) -> GraphPlan:
             role=node.role,
             groups=tuple(groups.get(node_id, ())),
             join=_join_fields(ir, node_id) if node.join is not None else None,
-            control=_control(ir, node_id, groups, outputs),
+            control=_control(ir, node_id, groups, to_caller.get(node_id, [])),
             stream=node.stream,
             session=node.session,
             seq_generator=node.stream or node.session,
@@ -169,7 +173,7 @@ def _join_fields(ir: GraphIR, node_id: str) -> tuple[JoinField, ...]:
     return tuple(result)
 
 
-def _control(ir: GraphIR, node_id: str, groups: dict[str, list[GroupPlan]], outputs: tuple[GraphOutput, ...]) -> dict:
+def _control(ir: GraphIR, node_id: str, groups: dict[str, list[GroupPlan]], to_caller: list[str]) -> dict:
     control: dict[str, list[Target]] = {name: [] for name in ir.nodes[node_id].outputs}
     for edge in sorted(ir.outbound.get(node_id, []), key=lambda e: (e.field, e.target, e.group)):
         group = groups[edge.target][edge.group]
@@ -183,9 +187,8 @@ def _control(ir: GraphIR, node_id: str, groups: dict[str, list[GroupPlan]], outp
         else:
             rule, root = "A", None
         control.setdefault(edge.field, []).append(Target(edge.target, edge.group, slot, rule, root))
-    for output in outputs:
-        if node_id in output.producers:
-            control[output.field].append(Target("caller", 0, 0, "caller"))
+    for field in to_caller:
+        control[field].append(Target("caller", 0, 0, "caller"))
     return {name: tuple(targets) for name, targets in sorted(control.items())}
 
 
