@@ -16,11 +16,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## The main job: check, format-check and plan every example pipeline.
+## The main job: check, format-check and plan every example pipeline; build image_chat's bundle.
 demo: $(STAMP)
 	$(VENV)/bin/flowc check $(EXAMPLES)
 	$(VENV)/bin/flowc fmt --check $(EXAMPLES)
 	$(VENV)/bin/flowc plan examples/image_chat/pipeline.flow
+	$(VENV)/bin/flowc build examples/image_chat/pipeline.flow -o build/image_chat
+	cd build && ../$(PY) -m image_chat check
 
 ## The tests (CI runs exactly this).
 test: $(STAMP)

@@ -229,3 +229,52 @@ def graph(file: str, picture: str, graph_name: str | None, output: str | None, c
         Path(output).write_text(text, encoding="utf-8")
     else:
         click.echo(text, nl=False)
+
+
+@main.command()
+@click.argument("file")
+@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False), help="Directory to write the bundle to.")
+@click.option(
+    "--target", "targets", type=click.Choice(["local", "ray", "k8s", "all"]), multiple=True, default=("all",), show_default=True,
+    help="Deployment manifests to generate (repeatable).",
+)
+@_color_option
+def build(file: str, out: str, targets: tuple[str, ...], color: bool | None) -> None:
+    """Check a .flow file and write its bundle: bundle.json, plan.json, nodes/<role>.py,
+    __main__.py and deploy/ manifests. Output is byte-for-byte deterministic.
+
+    \b
+    Examples:
+      flowc build examples/image_chat/pipeline.flow -o build/image_chat
+      flowc build pipeline.flow -o out --target local --target k8s
+    """
+    from flowc.codegen import TARGETS, build_bundle
+
+    program = _checked_program(file, color)
+    out_dir = Path(out)
+    _prepare_output(out_dir)
+    chosen = TARGETS if "all" in targets else tuple(t for t in TARGETS if t in targets)
+    bundle = build_bundle(program, Path(file), out_dir, chosen)
+    bundle.write(out_dir)
+    click.echo(f"wrote {out_dir}: {len(bundle.files)} files, {bundle.size:,} bytes ({', '.join(chosen)})")
+
+
+def _prepare_output(out: Path) -> None:
+    """Remove the files of a previous bundle at `out`; refuse to write into anything else."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise click.UsageError(f"{out} exists and is not a directory")
+    previous = out / "bundle.json"
+    if previous.is_file():
+        try:
+            files = json.loads(previous.read_text(encoding="utf-8")).get("files", [])
+        except ValueError:
+            files = []
+        for relative in files:
+            target = (out / relative).resolve()
+            if out.resolve() in target.parents and target.is_file():
+                target.unlink()
+        return
+    if any(out.iterdir()):
+        raise click.UsageError(f"{out} is not empty and holds no bundle; choose an empty or new directory")

@@ -28,6 +28,7 @@ from flowc.plan.model import (
     GraphOutput,
     GraphPlan,
     GroupPlan,
+    InterfaceConfig,
     JoinField,
     NodePlan,
     RolePlan,
@@ -68,7 +69,14 @@ def _role(program: Program, name: str) -> RolePlan:
         nodes=int(config.get("nodes", 1)),
         share_gpus_with=role.share_target,
         uses=tuple(config.get("uses", ())),
-        interfaces=tuple(sorted(role.interfaces)),
+        interfaces={
+            name: InterfaceConfig(
+                timeout_s=info.config.get("timeout", config.get("timeout")),
+                batch=info.config.get("batch", config.get("batch")),
+                stream=info.stream,
+            )
+            for name, info in sorted(role.interfaces.items())
+        },
         batch=config.get("batch"),
         timeout_s=config.get("timeout"),
     )

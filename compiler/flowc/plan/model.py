@@ -88,6 +88,13 @@ class GraphPlan:
 
 
 @dataclass(frozen=True)
+class InterfaceConfig:
+    timeout_s: float | None  # the interface's own, else the role's
+    batch: dict | None  # the interface's own, else the role's
+    stream: bool
+
+
+@dataclass(frozen=True)
 class RolePlan:
     name: str
     module: str
@@ -98,7 +105,7 @@ class RolePlan:
     nodes: int
     share_gpus_with: str | None
     uses: tuple[str, ...]
-    interfaces: tuple[str, ...]
+    interfaces: dict[str, InterfaceConfig]
     batch: dict | None
     timeout_s: float | None
 

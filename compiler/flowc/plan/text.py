@@ -23,7 +23,7 @@ def _graph(graph: GraphPlan) -> list[str]:
         lines.append(f"  {output.kind} {output.field} <- {producers}{ordered}")
     for node in graph.nodes.values():
         if node.kind == "interface":
-            lines += _node(node)
+            lines += node_lines(node)
     for component in graph.sccs:
         lines.append(f"  loop: {' -> '.join(component)} (unreachable signals deduplicated)")
     for source, target, field in graph.back_edges:
@@ -33,7 +33,8 @@ def _graph(graph: GraphPlan) -> list[str]:
     return lines
 
 
-def _node(node: NodePlan) -> list[str]:
+def node_lines(node: NodePlan) -> list[str]:
+    """A node's plan in a few lines (also the comments of generated node modules)."""
     marks = [m for m, on in (("session", node.session), ("stream", node.stream), ("diamond root", node.diamond_root), ("in loop", node.in_cycle)) if on]
     head = f"  {node.id}" + (f"  [{', '.join(marks)}]" if marks else "")
     lines = [head]

@@ -1,0 +1,121 @@
+"""Loading a bundle that `flowc build` wrote, and its `python -m BUNDLE` entry point.
+
+`load_bundle` reads bundle.json and plan.json, imports every module under nodes/ (each builds
+its `RoleSpec` from literal tables) and checks that they agree with each other. Problems are
+`BundleError`s naming the file and the fix, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from flowrt import __version__
+from flowrt.tables import RoleSpec, TableError
+
+
+class BundleError(Exception):
+    """A bundle is missing, incomplete or inconsistent."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    name: str
+    manifest: dict
+    plan: dict
+    roles: dict[str, RoleSpec]
+
+    @property
+    def python_path(self) -> list[Path]:
+        """Where the roles' impl modules are imported from (the .flow file's directory and parent)."""
+        return [(self.path / p).resolve() for p in self.manifest.get("python_path", [])]
+
+
+def load_bundle(path: Path) -> Bundle:
+    path = Path(path)
+    manifest = _read_json(path / "bundle.json")
+    plan = _read_json(path / "plan.json")
+    roles: dict[str, RoleSpec] = {}
+    for name, entry in sorted(manifest.get("roles", {}).items()):
+        module_path = path / entry["module"]
+        spec = _import_role(path, name, module_path)
+        if spec.name != name:
+            raise BundleError(f"{module_path}: declares role `{spec.name}`, but bundle.json lists it as `{name}`; rebuild the bundle")
+        roles[name] = spec
+    _check_agreement(path, plan, roles)
+    return Bundle(path=path, name=manifest.get("name", path.name), manifest=manifest, plan=plan, roles=roles)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BundleError(f"{path} is missing; is {path.parent} a bundle written by `flowc build`?") from None
+    except (OSError, ValueError) as error:
+        raise BundleError(f"{path} cannot be read ({error}); rebuild the bundle with `flowc build`") from None
+
+
+def _import_role(bundle: Path, name: str, module_path: Path) -> RoleSpec:
+    module_name = f"_flowrt_bundle_{abs(hash(str(bundle.resolve())))}.nodes.{name}"
+    spec = importlib.util.spec_from_file_location(module_name, module_path)
+    if spec is None or spec.loader is None or not module_path.is_file():
+        raise BundleError(f"{module_path} is missing; rebuild the bundle with `flowc build`")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except TableError as error:
+        raise BundleError(f"{module_path}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - a broken generated module must not become a traceback
+        raise BundleError(f"{module_path} failed to load ({type(error).__name__}: {error}); rebuild the bundle") from None
+    role = getattr(module, "SPEC", None)
+    if not isinstance(role, RoleSpec):
+        raise BundleError(f"{module_path} defines no SPEC; rebuild the bundle with `flowc build`")
+    return role
+
+
+def _check_agreement(path: Path, plan: dict, roles: dict[str, RoleSpec]) -> None:
+    for graph_name, graph in plan.get("graphs", {}).items():
+        for node_id, node in graph.get("nodes", {}).items():
+            if node.get("kind") != "interface":
+                continue
+            role, interface = node_id.split(".", 1)
+            literal = roles.get(role)
+            if literal is None or interface not in literal.interfaces:
+                raise BundleError(f"{path}/plan.json names `{node_id}`, which no module under nodes/ defines; rebuild the bundle")
+            tables = literal.as_literal()[interface].get(graph_name)
+            if tables != node:
+                raise BundleError(f"nodes/{role}.py disagrees with plan.json about `{node_id}` in graph `{graph_name}`; rebuild the bundle")
+
+
+def describe(bundle: Bundle) -> str:
+    lines = [f"bundle {bundle.name} (flowc {bundle.manifest.get('flowc_version')}, flowrt {__version__})"]
+    for name, graph in sorted(bundle.manifest.get("graphs", {}).items()):
+        streams = ", ".join(s["field"] + (" ordered" if s["ordered"] else "") for s in graph["stream"]) or "-"
+        lines.append(f"  graph {name}: entry {', '.join(graph['entry'])}; stream {streams}; return {', '.join(graph['return']) or '-'}")
+    for name, role in sorted(bundle.roles.items()):
+        lines.append(f"  role {name}: {role.impl}, {role.replicas} replica(s), lb {role.lb}, interfaces {', '.join(role.interfaces)}")
+    return "\n".join(lines)
+
+
+def main(path: Path, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {path.name}", description=f"The flowc bundle at {path}.")
+    parser.add_argument(
+        "command", nargs="?", default="info", choices=["info", "check", "launch-ray"],
+        help="info: what the bundle holds (default); check: load and cross-check every table; launch-ray: start it on Ray",
+    )
+    args = parser.parse_args(argv)
+    try:
+        bundle = load_bundle(path)
+    except BundleError as error:
+        print(f"flowrt: {error}", file=sys.stderr)
+        return 1
+    if args.command == "launch-ray":
+        print("flowrt: this flowrt release loads and checks bundles; the Ray launcher is not part of it yet", file=sys.stderr)
+        return 2
+    print(describe(bundle) if args.command == "info" else f"bundle {bundle.name}: {len(bundle.roles)} roles, tables consistent")
+    return 0
