@@ -278,3 +278,82 @@ def _prepare_output(out: Path) -> None:
         return
     if any(out.iterdir()):
         raise click.UsageError(f"{out} is not empty and holds no bundle; choose an empty or new directory")
+
+
+@main.command()
+@click.argument("target")
+@click.option("--once", "graph_name", metavar="GRAPH", help="Call GRAPH once, print its events as JSON lines, and exit.")
+@click.option("--input", "input_json", default="{}", show_default=True, help="JSON object mapping each entry placeholder to its value, or @FILE.")
+@click.option("--session", help="Session id (calls of one session run one at a time).")
+@click.option("--timeout", type=float, help="Cancel the call after this many seconds (default: the graph's own timeout).")
+@_color_option
+def run(target: str, graph_name: str | None, input_json: str, session: str | None, timeout: float | None, color: bool | None) -> None:
+    """Run a bundle (a directory from `flowc build`) or a .flow file (built to a temporary
+    bundle first) on the embedded runtime.
+
+    \b
+    Prints one JSON object per event: {"event": "stream" | "return", "field": F, "value": V},
+    then {"event": "done", "status": "ok" | "error" | "cancelled", "errors": [...], "missing": [...]}.
+    The exit status is 0 only when the status is "ok".
+
+    \b
+    Examples:
+      flowc run examples/image_chat/pipeline.flow --once chat \\
+          --input '{"request": {"segments": [{"type": "text", "text": "a red cat"}]}}'
+      flowc run build/image_chat --once chat --input @request.json --session s1
+    """
+    import asyncio
+    import tempfile
+
+    if graph_name is None:
+        raise click.UsageError("serving over HTTP is not part of this release; call a graph with --once GRAPH")
+    inputs = _parse_input(input_json)
+    path = Path(target)
+    with tempfile.TemporaryDirectory(prefix="flowc-run-") as scratch:
+        if path.suffix == ".flow" or path.is_file():
+            from flowc.codegen import build_bundle
+
+            program = _checked_program(target, color)
+            bundle_dir = Path(scratch) / "bundle"
+            build_bundle(program, path, bundle_dir).write(bundle_dir)
+        else:
+            bundle_dir = path
+        status = asyncio.run(_run_once(bundle_dir, graph_name, inputs, session, timeout))
+    sys.exit(EXIT_OK if status == "ok" else EXIT_ERRORS)
+
+
+def _parse_input(text: str) -> dict:
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as error:
+            raise click.UsageError(f"cannot read {text[1:]}: {error.strerror}") from None
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise click.UsageError(f"--input is not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise click.UsageError("--input must be a JSON object mapping each entry placeholder to its value")
+    return value
+
+
+async def _run_once(bundle_dir: Path, graph: str, inputs: dict, session: str | None, timeout: float | None) -> str:
+    from flowrt.bundle import BundleError
+    from flowrt.control import Runtime, RuntimeError_
+    from flowrt.values import summarize
+
+    try:
+        runtime = await Runtime.open(bundle_dir)
+    except (BundleError, RuntimeError_) as error:
+        raise click.UsageError(str(error)) from None
+    status = "error"
+    try:
+        async for event in runtime.call(graph, inputs, session=session, timeout=timeout):
+            click.echo(json.dumps(summarize(event), ensure_ascii=False))
+            if event["event"] == "done":
+                status = event["status"]
+    except RuntimeError_ as error:
+        raise click.UsageError(str(error)) from None
+    finally:
+        await runtime.close()
+    return status

@@ -1,0 +1,13 @@
+"""flowrt's control flow: node tables executed by lookup, buckets, order, joins, completion.
+
+The public names are re-exported here; the modules own one piece each (signals, bucket,
+sequencer, call, runtime).
+"""
+
+from flowrt.control.bucket import Bucket, Outcome
+from flowrt.control.call import Call
+from flowrt.control.runtime import Context, GCScheduler, Runtime, RuntimeError_
+from flowrt.control.sequencer import Sequencer
+from flowrt.control.signals import Kind, Reason, Signal
+
+__all__ = ["Bucket", "Call", "Context", "GCScheduler", "Kind", "Outcome", "Reason", "Runtime", "RuntimeError_", "Sequencer", "Signal"]

@@ -1,0 +1,396 @@
+"""One graph call executing in this process: delivery, buckets, activations, dispatch, joins,
+order, completion (DESIGN §4; docs/runtime.md gives the rules this module implements).
+
+Delivery is synchronous: a signal goes inbound → bucket → fire on one call chain with no await,
+so bucket state never interleaves. Each fired activation runs as one task (the user's code may
+await). The call ends when its ActivityTracker counts nothing in flight; then every table of
+the call is empty, which `statistics()` lets tests assert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from flowrt.control.bucket import Bucket, Outcome
+from flowrt.control.sequencer import Sequencer
+from flowrt.control.signals import Kind, Reason, Signal
+from flowrt.tables import NodeTables, Target
+
+if TYPE_CHECKING:
+    from flowrt.control.runtime import Runtime
+
+log = logging.getLogger("flowrt")
+CALLER = "caller"
+
+
+@dataclass
+class Activation:
+    node: str
+    group: int
+    aid: int
+    inputs: dict[str, Any]
+    roots: tuple
+    seq: int
+
+
+@dataclass
+class JoinState:
+    values: dict[str, list] = field(default_factory=dict)
+    fired: bool = False
+
+
+@dataclass
+class CallerState:
+    """What the caller has seen: streamed frames (reordered where `ordered`), returns, errors."""
+
+    ordered: dict[str, bool]
+    expected: dict[str, int] = field(default_factory=dict)
+    buffer: dict[str, dict[int, tuple[bool, Any]]] = field(default_factory=lambda: defaultdict(dict))
+    returned: set[str] = field(default_factory=set)
+    errored: set[str] = field(default_factory=set)
+
+
+class Call:
+    def __init__(self, runtime: Runtime, graph: str, inputs: dict[str, Any], session: str, call_id: int):
+        self.runtime = runtime
+        self.graph = graph
+        self.plan = runtime.bundle.plan["graphs"][graph]
+        self.tables: dict[str, NodeTables] = runtime.node_tables[graph]
+        self.inputs = inputs
+        self.session = session
+        self.call_id = call_id
+        self.events: asyncio.Queue[dict | None] = asyncio.Queue()
+        self.errors: list[dict[str, str]] = []
+        self.buckets: dict[tuple, Bucket] = {}
+        self.joins: dict[str, JoinState] = {}
+        self.joins_done: set[str] = set()
+        self.sequencers: dict[str, Sequencer] = {}
+        self.seen_unreachable: set[tuple] = set()
+        self.in_flight = 0  # activations scheduled, queued at a session node, or running
+        self.running = 0  # activations running as tasks
+        self.running_by_node: dict[str, int] = defaultdict(int)
+        self.tasks: set[asyncio.Task] = set()
+        self.aids = itertools.count(1)
+        self.session_counters: dict[str, int] = defaultdict(int)
+        self.cancelled = False
+        self.finished = asyncio.Event()
+        outputs = self.plan["outputs"]
+        self.caller = CallerState(ordered={o["field"]: o["ordered"] for o in outputs if o["kind"] == "stream"})
+        self.returns = [o["field"] for o in outputs if o["kind"] == "return"]
+        self.activations: list[tuple[str, int]] = []  # (node, group) of every activation, for tests
+
+    # ── start and completion ──
+
+    def start(self) -> None:
+        start = self.plan["start"]
+        self.in_flight += 1
+        act = Activation(start, 0, next(self.aids), dict(self.inputs), (), 0)
+        self._dispatch_frame(act, dict(self.inputs), 0, None)
+        self._activation_done(act, ran=False)
+
+    def _activation_done(self, act: Activation, ran: bool) -> None:
+        self.in_flight -= 1
+        if act.node in self.sequencers:
+            self.sequencers[act.node].settle(act.seq, act.group, ran)
+        self._check_joins()
+        if self.running == 0:
+            self._quiesce()
+
+    def _quiesce(self) -> None:
+        """Nothing is running: release a stalled session queue, settle joins, or finish the call."""
+        if self.in_flight > 0:
+            for sequencer in self.sequencers.values():
+                if sequencer.release_stalled():
+                    return
+            return
+        for node, tables in self.tables.items():
+            if tables.join is not None and node not in self.joins_done and self._try_join(node, final=True):
+                return
+        if self.in_flight == 0 and self.running == 0:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self.finished.is_set():
+            return
+        for name in list(self.caller.buffer):
+            self._flush_stream(name, final=True)
+        missing = [f for f in self.returns if f not in self.caller.returned]
+        errored_outputs = self.caller.errored | ({*missing} if self.errors else set())
+        status = "cancelled" if self.cancelled else ("error" if self.errors and errored_outputs else "ok")
+        self.buckets.clear()
+        self.sequencers.clear()
+        self.joins.clear()
+        self.joins_done.clear()
+        self.running_by_node.clear()
+        self.seen_unreachable.clear()
+        self.events.put_nowait({"event": "done", "status": status, "errors": list(self.errors), "missing": missing})
+        self.events.put_nowait(None)
+        self.finished.set()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        if self.cancelled or self.finished.is_set():
+            return
+        self.cancelled = True
+        for task in list(self.tasks):
+            task.cancel()
+
+    # ── inbound ──
+
+    def deliver(self, target: Target, signal: Signal) -> None:
+        if target.node == CALLER:
+            self._to_caller(signal)
+            return
+        tables = self.tables[target.node]
+        group = tables.groups[target.group]
+        if group.routing == "join":
+            if signal.kind is Kind.ARRIVED:
+                state = self.joins.setdefault(target.node, JoinState())
+                if not state.fired:
+                    state.values.setdefault(signal.field, []).append(signal.value)
+                    self._try_join(target.node, final=False)
+            return
+        if signal.kind is Kind.UNREACHABLE and tables.in_cycle and signal.origin is not None:
+            dedup = (signal.origin, target.node, target.group)
+            if dedup in self.seen_unreachable:
+                return
+            self.seen_unreachable.add(dedup)
+        key = (target.node, target.group, signal.key)
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = Bucket(group)
+        outcome = bucket.offer(signal)
+        if outcome is not None:
+            del self.buckets[key]
+            self._resolved(target.node, target.group, outcome)
+
+    def _resolved(self, node: str, group: int, outcome: Outcome) -> None:
+        act = Activation(node, group, next(self.aids), outcome.inputs, outcome.roots, outcome.seq)
+        if outcome.fired:
+            self._schedule(act)
+            return
+        self.in_flight += 1
+        origin = outcome.origin or (node, act.aid)
+        self._dispatch_phantom(act, outcome.reason or Reason.EMPTY, origin)
+        self._activation_done(act, ran=False)
+
+    def _try_join(self, node: str, final: bool) -> bool:
+        state = self.joins.get(node)
+        tables = self.tables[node]
+        if state is None:
+            if not final:
+                return False
+            state = self.joins[node] = JoinState()
+        if state.fired or node in self.joins_done:
+            return False
+        complete = True
+        for join in tables.join or ():
+            got = state.values.get(join.field, [])
+            if join.threshold is not None:
+                complete &= len(got) >= join.threshold
+            else:
+                complete &= final or all(self.running_by_node[n] == 0 for n in join.upstream) and not self._pending_at(join.upstream)
+        if not complete:
+            if final:
+                del self.joins[node]
+                self.joins_done.add(node)
+                act = Activation(node, 0, next(self.aids), {}, (), 0)
+                self.in_flight += 1
+                self._dispatch_phantom(act, Reason.ERROR if self.errors else Reason.EMPTY, (node, act.aid))
+                self._activation_done(act, ran=False)
+                return True
+            return False
+        state.fired = True
+        self.joins_done.add(node)
+        inputs = {j.field: list(state.values.get(j.field, [])) for j in tables.join or ()}
+        self._schedule(Activation(node, 0, next(self.aids), inputs, (), 0))
+        return True
+
+    def _pending_at(self, nodes: tuple[str, ...]) -> bool:
+        wanted = set(nodes)
+        return any(key[0] in wanted for key in self.buckets)
+
+    def _check_joins(self) -> None:
+        for node in list(self.joins):
+            self._try_join(node, final=False)
+
+    # ── activations ──
+
+    def _schedule(self, act: Activation) -> None:
+        self.in_flight += 1
+        self.running_by_node[act.node] += 1
+        self.activations.append((act.node, act.group))
+        tables = self.tables[act.node]
+        if tables.kind != "interface":
+            self._dispatch_frame(act, dict(act.inputs), 0, None)
+            self.running_by_node[act.node] -= 1
+            self._activation_done(act, ran=True)
+            return
+        if tables.session:
+            sequencer = self.sequencers.get(act.node)
+            if sequencer is None:
+                sequencer = self.sequencers[act.node] = Sequencer(
+                    groups=len(tables.groups), ordered=self.runtime.session_ordered[self.graph][act.node]
+                )
+            sequencer.ready(act.seq, act.group, lambda: self._spawn(act))
+        else:
+            self._spawn(act)
+
+    def _spawn(self, act: Activation) -> None:
+        self.running += 1
+        task = asyncio.get_running_loop().create_task(self._run(act))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, act: Activation) -> None:
+        tables = self.tables[act.node]
+        role, interface = act.node.split(".", 1)
+        streams: dict[tuple, bool] = {}
+        yielded = 0
+        reason: Reason | None = None
+        try:
+            if self.cancelled:
+                raise asyncio.CancelledError
+            timeout = self.runtime.roles[role].interfaces[interface].timeout_s
+            async with asyncio.timeout(timeout):
+                async for frame in self.runtime.invoke(role, interface, self, act):
+                    self._dispatch_frame(act, frame, yielded, streams)
+                    yielded += 1
+        except TimeoutError:
+            reason = Reason.CANCEL
+            self.errors.append({"role": role, "interface": interface, "message": f"timed out after {timeout:g}s"})
+            self.cancel()
+        except asyncio.CancelledError:
+            reason = Reason.CANCEL
+        except Exception as error:  # noqa: BLE001 - a role's exception ends as unreachable(error), never a hang
+            reason = Reason.ERROR
+            self.errors.append({"role": role, "interface": interface, "message": f"{type(error).__name__}: {error}"})
+            log.debug("role %s.%s raised", role, interface, exc_info=True)
+        finally:
+            if yielded == 0:
+                self._dispatch_phantom(act, reason or Reason.EMPTY, (act.node, act.aid))
+            self._end_streams(act, tables, streams, reason)
+            self.running_by_node[act.node] -= 1
+            self.running -= 1
+            self._activation_done(act, ran=True)
+
+    # ── outbound ──
+
+    def _out_roots(self, act: Activation, tables: NodeTables, yidx: int) -> tuple:
+        carried = tables.carried_roots
+        roots = tuple(e for e in act.roots if e[0] in carried)
+        if tables.diamond_root:
+            roots += ((act.node, act.aid, yidx),)
+        return roots
+
+    def _out_seq(self, act: Activation, tables: NodeTables, yidx: int) -> int:
+        if tables.session:
+            seq = self.session_counters[act.node]
+            self.session_counters[act.node] = seq + 1
+            return seq
+        return yidx if tables.stream else act.seq
+
+    def _key(self, act: Activation, target: Target, roots: tuple, yidx: int) -> tuple:
+        if target.aid_rule == "C":
+            for node, aid, index in roots:
+                if node == target.root:
+                    return (node, aid, index)
+        return (act.node, act.aid, yidx)
+
+    def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
+        tables = self.tables[act.node]
+        roots = self._out_roots(act, tables, yidx)
+        seq = self._out_seq(act, tables, yidx)
+        for name, targets in tables.control.items():
+            present = name in frame
+            for target in targets:
+                stream_slot = self._is_stream_slot(target)
+                if present:
+                    self.deliver(target, Signal(Kind.ARRIVED, name, self._key(act, target, roots, yidx), target.slot, frame[name], roots, seq))
+                    if stream_slot and streams is not None:
+                        streams[(name, target.node, target.group, target.slot, self._key(act, target, roots, yidx))] = True
+                elif target.aid_rule == "join" or stream_slot:
+                    continue
+                else:
+                    origin = (act.node, act.aid, yidx)
+                    self.deliver(target, Signal(Kind.UNREACHABLE, name, self._key(act, target, roots, yidx), target.slot, None, roots, seq, Reason.EMPTY, origin))
+        if streams is not None:
+            for name, targets in tables.control.items():
+                for target in targets:
+                    if self._is_stream_slot(target):
+                        streams.setdefault((name, target.node, target.group, target.slot, self._key(act, target, roots, yidx)), False)
+
+    def _dispatch_phantom(self, act: Activation, reason: Reason, origin: tuple) -> None:
+        """An activation (or bucket) that produced nothing: every edge learns it is unreachable."""
+        tables = self.tables[act.node]
+        roots = self._out_roots(act, tables, 0)
+        seq = self._out_seq(act, tables, 0)
+        for name, targets in tables.control.items():
+            for target in targets:
+                if target.aid_rule == "join":
+                    continue
+                signal = Signal(Kind.UNREACHABLE, name, self._key(act, target, roots, 0), target.slot, None, roots, seq, reason, origin)
+                self.deliver(target, signal)
+
+    def _end_streams(self, act: Activation, tables: NodeTables, streams: dict, reason: Reason | None) -> None:
+        if tables.kind != "interface":
+            return
+        for (name, node, group, slot, key), delivered in streams.items():
+            target = Target(node, group, slot, "C", None)
+            if delivered and reason is None:
+                self.deliver(target, Signal(Kind.SLOT_EOS, name, key, slot))
+            else:
+                self.deliver(target, Signal(Kind.UNREACHABLE, name, key, slot, None, (), 0, reason or Reason.EMPTY, (act.node, act.aid)))
+
+    def _is_stream_slot(self, target: Target) -> bool:
+        if target.node == CALLER or target.aid_rule == "join":
+            return False
+        return self.tables[target.node].groups[target.group].slots[target.slot].stream
+
+    # ── the caller ──
+
+    def _to_caller(self, signal: Signal) -> None:
+        name = signal.field
+        if signal.kind is Kind.UNREACHABLE and signal.reason in (Reason.ERROR, Reason.CANCEL):
+            self.caller.errored.add(name)
+        if name in self.caller.ordered:
+            if self.caller.ordered[name]:
+                self.caller.buffer[name][signal.seq] = (signal.kind is Kind.ARRIVED, signal.value)
+                self._flush_stream(name, final=False)
+            elif signal.kind is Kind.ARRIVED:
+                self.events.put_nowait({"event": "stream", "field": name, "value": signal.value})
+        if name in self.returns and signal.kind is Kind.ARRIVED and name not in self.caller.returned:
+            self.caller.returned.add(name)
+            self.events.put_nowait({"event": "return", "field": name, "value": signal.value})
+
+    def _flush_stream(self, name: str, final: bool) -> None:
+        buffer = self.caller.buffer[name]
+        expected = self.caller.expected.get(name, 0)
+        while buffer:
+            if expected not in buffer:
+                if not final:
+                    break
+                expected = min(buffer)
+            arrived, value = buffer.pop(expected)
+            if arrived:
+                self.events.put_nowait({"event": "stream", "field": name, "value": value})
+            expected += 1
+        self.caller.expected[name] = expected
+        if not buffer:
+            del self.caller.buffer[name]
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "buckets": len(self.buckets),
+            "joins": len(self.joins),
+            "sequencers": len(self.sequencers),
+            "tasks": len(self.tasks),
+            "in_flight": self.in_flight,
+            "running": self.running,
+            "unreachable_dedup": len(self.seen_unreachable),
+            "stream_buffers": len(self.caller.buffer),
+        }
