@@ -1,0 +1,674 @@
+"""Every guarantee of DESIGN §4, each shown by a scenario on the real runtime; after each call
+nothing is left (buckets, joins, queues, tasks, sessions)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from tests.runtime.harness import assert_clean, collect, done, jitter, open_runtime, returned, streamed
+
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+DIAMOND = """
+placeholder clip: Json
+
+role root {
+    impl "m:Root"
+    interface fork {
+        in  clip
+        out {root_stream}x: Json
+    }
+}
+
+role a {
+    impl "m:A"
+    replicas 3
+    interface run {
+        in  x
+        out {mid_stream}fa: Json
+    }
+}
+
+role b {
+    impl "m:B"
+    interface run { in x  out fb: Json }
+}
+
+role sink {
+    impl "m:Sink"
+    interface meet {
+        in  fa & fb
+        out met: Json
+    }
+}
+
+graph g {
+    entry  clip
+    stream met
+}
+"""
+
+
+class Root:
+    def __init__(self, stream: bool):
+        self.stream = stream
+
+    async def fork(self, ctx, clip):
+        if self.stream:
+            for i in range(clip["frames"]):
+                yield {"x": i}
+        else:
+            yield {"x": 0}
+
+
+class Mid:
+    def __init__(self, rng, per_frame: int | None):
+        self.rng, self.per_frame = rng, per_frame
+
+    async def run(self, ctx, x):
+        if self.per_frame is None:
+            await jitter(self.rng)
+            yield {"fa": ("a", x)}
+        else:
+            for j in range(self.per_frame):
+                await jitter(self.rng)
+                yield {"fa": ("a", x, j)}
+
+
+class B:
+    def __init__(self, rng, fail_on=None):
+        self.rng, self.fail_on = rng, fail_on
+
+    async def run(self, ctx, x):
+        await jitter(self.rng)
+        if x == self.fail_on:
+            raise ValueError(f"b cannot handle frame {x}")
+        return {"fb": ("b", x)}
+
+
+class Sink:
+    def __init__(self):
+        self.seen = []
+
+    async def meet(self, ctx, fa, fb):
+        self.seen.append((fa, fb))
+        return {"met": [fa, fb]}
+
+
+def diamond(root_stream: bool, mid_stream: bool) -> str:
+    return DIAMOND.replace("{root_stream}", "stream " if root_stream else "").replace("{mid_stream}", "stream " if mid_stream else "")
+
+
+def test_diamond_with_multi_frame_root(tmp_path):
+    async def main():
+        rng = random.Random(1)
+        sink = Sink()
+        rt = await open_runtime(diamond(True, False), tmp_path, {"root": Root(True), "a": [Mid(rng, None) for _ in range(3)], "b": B(rng), "sink": sink})
+        events = await collect(rt, "g", {"clip": {"frames": 20}})
+        assert done(events)["status"] == "ok"
+        # one bucket per root frame: both halves of frame i meet, never halves of different frames
+        assert sorted(sink.seen) == [(("a", i), ("b", i)) for i in range(20)]
+        assert_clean(rt)
+
+    run(main())
+
+
+def test_intermediate_multi_frame_accumulates_in_order(tmp_path):
+    async def main():
+        rng = random.Random(2)
+        sink = Sink()
+        rt = await open_runtime(diamond(False, True), tmp_path, {"root": Root(False), "a": [Mid(rng, 7) for _ in range(3)], "b": B(rng), "sink": sink})
+        events = await collect(rt, "g", {"clip": {}})
+        assert done(events)["status"] == "ok"
+        # Case 2: a single root frame, seven frames of `a` arrive as one list, in production order
+        assert sink.seen == [([("a", 0, j) for j in range(7)], ("b", 0))]
+        assert_clean(rt)
+
+    run(main())
+
+
+def test_both_nested_multi_frame(tmp_path):
+    async def main():
+        rng = random.Random(3)
+        sink = Sink()
+        rt = await open_runtime(diamond(True, True), tmp_path, {"root": Root(True), "a": [Mid(rng, 4) for _ in range(3)], "b": B(rng), "sink": sink})
+        events = await collect(rt, "g", {"clip": {"frames": 6}})
+        assert done(events)["status"] == "ok"
+        # Case 3: one bucket per root frame, each accumulating that frame's four `a` frames
+        assert sorted(sink.seen) == [([("a", i, j) for j in range(4)], ("b", i)) for i in range(6)]
+        assert_clean(rt)
+
+    run(main())
+
+
+def test_critical_slot_dead_propagates(tmp_path):
+    async def main():
+        rng = random.Random(4)
+        sink = Sink()
+        rt = await open_runtime(
+            diamond(True, False), tmp_path, {"root": Root(True), "a": [Mid(rng, None) for _ in range(3)], "b": B(rng, fail_on=2), "sink": sink}
+        )
+        events = await collect(rt, "g", {"clip": {"frames": 5}})
+        end = done(events)
+        # b failed on frame 2: fb is a critical slot, so frame 2's bucket is DEAD and sink never
+        # runs for it; the unreachable(error) reaches the caller's stream, so the status is error
+        assert sorted(i for (_, i), _ in sink.seen) == [0, 1, 3, 4]
+        assert end["status"] == "error"
+        assert end["errors"] == [{"role": "b", "interface": "run", "message": "ValueError: b cannot handle frame 2"}]
+        assert len(streamed(events, "met")) == 4
+        assert_clean(rt)
+
+    run(main())
+
+
+ORDERED = """
+placeholder prompt: Json
+
+role writer {
+    impl "m:Writer"
+    lb session
+    interface write {
+        in  prompt
+        out stream token: Json
+    }
+}
+
+role stylist {
+    impl "m:Stylist"
+    replicas 4
+    lb round_robin
+    interface style { in token  out styled: Json }
+}
+
+role editor {
+    impl "m:Editor"
+    lb session
+    interface edit { in styled  out line: Json }
+}
+
+graph write {
+    entry  prompt
+    stream line ordered
+}
+"""
+
+
+class Writer:
+    async def write(self, ctx, prompt):
+        for i in range(prompt["n"]):
+            yield {"token": i}
+
+
+class Stylist:
+    def __init__(self, rng):
+        self.rng = rng
+
+    async def style(self, ctx, token):
+        await jitter(self.rng, 20)
+        return {"styled": token}
+
+
+class Editor:
+    def __init__(self):
+        self.order = []
+
+    async def edit(self, ctx, styled):
+        self.order.append(styled)
+        return {"line": styled}
+
+
+def test_ordered_stream_through_round_robin_stage(tmp_path):
+    async def main():
+        rng = random.Random(5)
+        editor = Editor()
+        rt = await open_runtime(ORDERED, tmp_path, {"writer": Writer(), "stylist": [Stylist(rng) for _ in range(4)], "editor": editor})
+        events = await collect(rt, "write", {"prompt": {"n": 1000}})
+        assert done(events)["status"] == "ok"
+        # the session node released the 1,000 activations strictly in production order even
+        # though the stylists finished out of order, and the caller saw them in that order
+        assert editor.order == list(range(1000))
+        assert streamed(events, "line") == list(range(1000))
+        assert_clean(rt)
+
+    run(main())
+
+
+def test_the_round_robin_stage_really_finishes_out_of_order(tmp_path):
+    async def main():
+        rng = random.Random(5)
+        finished = []
+
+        class Tracing(Stylist):
+            async def style(self, ctx, token):
+                result = await super().style(ctx, token)
+                finished.append(token)
+                return result
+
+        rt = await open_runtime(ORDERED, tmp_path, {"writer": Writer(), "stylist": [Tracing(rng) for _ in range(4)], "editor": Editor()})
+        await collect(rt, "write", {"prompt": {"n": 200}})
+        assert finished != sorted(finished)  # so the previous test shows real reordering
+        assert_clean(rt)
+
+    run(main())
+
+
+JOIN = """
+placeholder request: Json
+
+role reader {
+    impl "m:Reader"
+    interface read {
+        in  request
+        out stream prompt: Json, reference: Json
+    }
+}
+
+role encoder {
+    impl "m:Encoder"
+    replicas 2
+    interface encode { in reference  out condition: Json }
+}
+
+role painter {
+    impl "m:Painter"
+    interface paint {
+        join { prompt: 1, condition: all }
+        out picture: Json
+    }
+}
+
+graph paint {
+    entry  request
+    return picture
+}
+"""
+
+
+class Reader:
+    async def read(self, ctx, request):
+        yield {"prompt": request["prompt"]}
+        for i in range(request["n"]):
+            yield {"reference": i}
+
+
+class Encoder:
+    def __init__(self, rng):
+        self.rng = rng
+
+    async def encode(self, ctx, reference):
+        await jitter(self.rng)
+        return {"condition": reference}
+
+
+class Painter:
+    def __init__(self):
+        self.calls = []
+
+    async def paint(self, ctx, prompt, condition):
+        self.calls.append((prompt, sorted(condition)))
+        return {"picture": {"prompt": prompt[0], "conditions": len(condition)}}
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_count_join_with_fan_in_unknown_in_advance(tmp_path, n):
+    async def main():
+        rng = random.Random(n)
+        painter = Painter()
+        rt = await open_runtime(JOIN, tmp_path, {"reader": Reader(), "encoder": [Encoder(rng), Encoder(rng)], "painter": painter})
+        events = await collect(rt, "paint", {"request": {"prompt": "barn", "n": n}})
+        assert done(events)["status"] == "ok"
+        # exactly one activation, after every reference was encoded, however many there were
+        assert painter.calls == [(["barn"], list(range(n)))]
+        assert returned(events) == {"picture": {"prompt": "barn", "conditions": n}}
+        assert_clean(rt)
+
+    run(main())
+
+
+BRANCHES = """
+placeholder request: Json
+
+role frontend {
+    impl "m:Frontend"
+    interface parse {
+        in  request
+        out stream text_seg: Json, image_seg: Json
+    }
+}
+
+role embed {
+    impl "m:Embed"
+    interface encode { in text_seg  out txt_emb: Json }
+}
+
+role vit {
+    impl "m:Vit"
+    interface encode { in image_seg  out vit_emb: Json }
+}
+
+role vae {
+    impl "m:Vae"
+    interface encode { in image_seg  out vae_lat: Json }
+}
+
+role llm {
+    impl "m:Llm"
+    lb session
+    interface generate {
+        in  txt_emb | vit_emb & vae_lat
+        out stream token: Json
+    }
+}
+
+graph chat {
+    entry  request
+    stream token ordered
+}
+"""
+
+
+class Frontend:
+    async def parse(self, ctx, request):
+        for i, kind in enumerate(request["segments"]):
+            yield {"text_seg": i} if kind == "t" else {"image_seg": i}
+
+
+class Enc:
+    def __init__(self, field, rng):
+        self.field, self.rng = field, rng
+
+    async def encode(self, ctx, **inputs):
+        await jitter(self.rng)
+        (value,) = inputs.values()
+        return {self.field: value}
+
+
+class Llm:
+    def __init__(self):
+        self.branches = []
+
+    async def generate(self, ctx, txt_emb=None, vit_emb=None, vae_lat=None):
+        if txt_emb is not None:
+            self.branches.append(("text", txt_emb))
+            yield {"token": f"t{txt_emb}"}
+        else:
+            assert vit_emb == vae_lat
+            self.branches.append(("image", vit_emb))
+            yield {"token": f"i{vit_emb}a"}
+            yield {"token": f"i{vit_emb}b"}
+
+
+def test_or_groups_choose_a_branch_per_frame(tmp_path):
+    async def main():
+        rng = random.Random(6)
+        llm = Llm()
+        roles = {"frontend": Frontend(), "embed": Enc("txt_emb", rng), "vit": Enc("vit_emb", rng), "vae": Enc("vae_lat", rng), "llm": llm}
+        rt = await open_runtime(BRANCHES, tmp_path, roles)
+        segments = "ttiittit"
+        events = await collect(rt, "chat", {"request": {"segments": segments}})
+        assert done(events)["status"] == "ok"
+        expected = [("text" if k == "t" else "image", i) for i, k in enumerate(segments)]
+        assert llm.branches == expected  # one branch per frame, in frame order (llm is a session node)
+        tokens = [t for i, k in enumerate(segments) for t in ([f"t{i}"] if k == "t" else [f"i{i}a", f"i{i}b"])]
+        assert streamed(events, "token") == tokens
+        assert_clean(rt)
+
+    run(main())
+
+
+LOOP = """
+placeholder question: Json
+
+role agent {
+    impl "m:Agent"
+    lb session
+    interface think {
+        in  question | observation
+        out stream tool_call: Json, answer: Json
+    }
+}
+
+role tools {
+    impl "m:Tools"
+    interface run { in tool_call  out observation: Json }
+}
+
+graph ask {
+    entry  question
+    return answer
+}
+"""
+
+
+class Agent:
+    def __init__(self):
+        self.rounds = 0
+
+    async def think(self, ctx, question=None, observation=None):
+        state = ctx.globals.setdefault("state", {}) if False else self.__dict__
+        if question is not None:
+            state["left"] = question["rounds"]
+        self.rounds += 1
+        if state["left"] > 0:
+            state["left"] -= 1
+            yield {"tool_call": state["left"]}
+        else:
+            yield {"answer": self.rounds}
+
+
+class Tools:
+    async def run(self, ctx, tool_call):
+        return {"observation": tool_call}
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_loop_exits_after_k_rounds(tmp_path, k):
+    async def main():
+        agent = Agent()
+        rt = await open_runtime(LOOP, tmp_path, {"agent": agent, "tools": Tools()})
+        events = await collect(rt, "ask", {"question": {"rounds": k}})
+        assert done(events) == {"event": "done", "status": "ok", "errors": [], "missing": []}
+        assert returned(events) == {"answer": k + 1}  # k tool rounds, then the answer
+        assert [n for n, _ in rt.last_call.activations].count("tools.run") == k
+        assert_clean(rt)
+
+    run(main())
+
+
+class Failing:
+    async def run(self, ctx, tool_call):
+        raise RuntimeError("tool crashed")
+
+
+def test_exception_in_a_role_ends_the_call_with_error(tmp_path):
+    async def main():
+        rt = await open_runtime(LOOP, tmp_path, {"agent": Agent(), "tools": Failing()})
+        events = await asyncio.wait_for(collect(rt, "ask", {"question": {"rounds": 2}}), 10)
+        end = done(events)
+        assert end["status"] == "error"
+        assert end["errors"] == [{"role": "tools", "interface": "run", "message": "RuntimeError: tool crashed"}]
+        assert end["missing"] == ["answer"]
+        assert_clean(rt)
+
+    run(main())
+
+
+TIMEOUT = """
+placeholder request: Json
+
+role slow {
+    impl "m:Slow"
+    interface run {
+        in  request
+        out result: Json
+        timeout 50ms
+    }
+}
+
+graph g {
+    entry  request
+    return result
+}
+"""
+
+
+class Slow:
+    def __init__(self):
+        self.release = asyncio.Event()
+        self.cancelled = False
+
+    async def run(self, ctx, request):
+        try:
+            await self.release.wait()  # never set: only the timeout ends this
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return {"result": 1}
+
+
+def test_interface_timeout_cancels_the_call(tmp_path):
+    async def main():
+        slow = Slow()
+        rt = await open_runtime(TIMEOUT, tmp_path, {"slow": slow})
+        events = await asyncio.wait_for(collect(rt, "g", {"request": 1}), 10)
+        end = done(events)
+        assert end["status"] == "cancelled" and end["missing"] == ["result"]
+        assert slow.cancelled
+        assert_clean(rt)
+
+    run(main())
+
+
+def test_graph_timeout_and_caller_disconnect_cancel(tmp_path):
+    async def main():
+        slow = Slow()
+        rt = await open_runtime(TIMEOUT.replace("        timeout 50ms\n", ""), tmp_path, {"slow": slow})
+        events = await asyncio.wait_for(collect(rt, "g", {"request": 1}, timeout=0.05), 10)
+        assert done(events)["status"] == "cancelled" and slow.cancelled
+        assert_clean(rt)
+        slow.cancelled = False
+        stream = rt.call("g", {"request": 2})
+        task = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        task.cancel()  # the client goes away
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await stream.aclose()
+        assert slow.cancelled
+        assert_clean(rt)
+
+    run(main())
+
+
+SESSION = """
+placeholder request: Json
+
+role work {
+    impl "m:Work"
+    interface run { in request  out result: Json }
+}
+
+graph g {
+    entry  request
+    return result
+}
+"""
+
+
+class Gate:
+    """Each call waits for its own event, so the test decides when a call may finish."""
+
+    def __init__(self):
+        self.gates: dict[str, asyncio.Event] = {}
+        self.started: list[str] = []
+
+    async def run(self, ctx, request):
+        self.started.append(request)
+        await self.gates.setdefault(request, asyncio.Event()).wait()
+        return {"result": request}
+
+
+def test_session_fifo_and_independent_sessions(tmp_path):
+    async def main():
+        gate = Gate()
+        rt = await open_runtime(SESSION, tmp_path, {"work": gate})
+        first = asyncio.ensure_future(collect(rt, "g", {"request": "s1-a"}, session="s1"))
+        second = asyncio.ensure_future(collect(rt, "g", {"request": "s1-b"}, session="s1"))
+        other = asyncio.ensure_future(collect(rt, "g", {"request": "s2-a"}, session="s2"))
+        while len(gate.started) < 2:
+            await asyncio.sleep(0)
+        # s1's second call waits for its first; s2 runs beside s1
+        assert gate.started == ["s1-a", "s2-a"]
+        gate.gates["s2-a"].set()
+        assert returned(await other) == {"result": "s2-a"}
+        assert "s1-b" not in gate.started
+        gate.gates["s1-a"].set()
+        assert returned(await first) == {"result": "s1-a"}
+        while "s1-b" not in gate.started:
+            await asyncio.sleep(0)
+        gate.gates["s1-b"].set()
+        assert returned(await second) == {"result": "s1-b"}
+        assert_clean(rt)
+
+    run(main())
+
+
+ABSORB = """
+placeholder request: Json
+
+role p1 {
+    impl "m:P1"
+    interface run { in request  out x: Json }
+}
+
+role p2 {
+    impl "m:P2"
+    interface run { in request  out x: Json }
+}
+
+role sink {
+    impl "m:Sink"
+    interface take { in x  out result: Json }
+}
+
+graph g {
+    entry  request
+    return result
+}
+"""
+
+
+class Ok:
+    async def run(self, ctx, request):
+        return {"x": "fine"}
+
+
+class Bad:
+    async def run(self, ctx, request):
+        raise ValueError("p1 failed")
+
+
+class Take:
+    async def take(self, ctx, x):
+        return {"result": x}
+
+
+def test_an_error_absorbed_by_another_slot_is_listed_but_ok(tmp_path):
+    async def main():
+        rt = await open_runtime(ABSORB, tmp_path, {"p1": Bad(), "p2": Ok(), "sink": Take()})
+        events = await collect(rt, "g", {"request": 1})
+        end = done(events)
+        # x arrives on two paths; p1's failure leaves the other, so the call succeeds
+        assert returned(events) == {"result": "fine"}
+        assert end["status"] == "ok"
+        assert end["errors"] == [{"role": "p1", "interface": "run", "message": "ValueError: p1 failed"}]
+        assert_clean(rt)
+
+    run(main())
