@@ -153,7 +153,7 @@ role p {
     impl "m:P"
     interface fork {
         in  x
-        out stream y: Json
+        out y: Json
     }
 }
 

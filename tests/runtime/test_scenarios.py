@@ -11,7 +11,6 @@ import pytest
 from tests.runtime.harness import assert_clean, collect, done, jitter, open_runtime, returned, streamed
 
 
-
 def run(coro):
     return asyncio.run(coro)
 

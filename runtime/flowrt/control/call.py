@@ -67,6 +67,7 @@ class Call:
         self.events: asyncio.Queue[dict | None] = asyncio.Queue()
         self.errors: list[dict[str, str]] = []
         self.buckets: dict[tuple, Bucket] = {}
+        self.resolved: set[tuple] = set()  # keys of buckets that fired or died, so late signals are dropped
         self.joins: dict[str, JoinState] = {}
         self.joins_done: set[str] = set()
         self.sequencers: dict[str, Sequencer] = {}
@@ -123,6 +124,7 @@ class Call:
         errored_outputs = self.caller.errored | ({*missing} if self.errors else set())
         status = "cancelled" if self.cancelled else ("error" if self.errors and errored_outputs else "ok")
         self.buckets.clear()
+        self.resolved.clear()
         self.sequencers.clear()
         self.joins.clear()
         self.joins_done.clear()
@@ -162,10 +164,13 @@ class Call:
         key = (target.node, target.group, signal.key)
         bucket = self.buckets.get(key)
         if bucket is None:
+            if key in self.resolved:
+                return  # the bucket already fired or died (a critical slot ended it early)
             bucket = self.buckets[key] = Bucket(group)
         outcome = bucket.offer(signal)
         if outcome is not None:
             del self.buckets[key]
+            self.resolved.add(key)
             self._resolved(target.node, target.group, outcome)
 
     def _resolved(self, node: str, group: int, outcome: Outcome) -> None:
@@ -206,7 +211,8 @@ class Call:
             return False
         state.fired = True
         self.joins_done.add(node)
-        inputs = {j.field: list(state.values.get(j.field, [])) for j in tables.join or ()}
+        # a counted field passes exactly its first N frames; `all` passes every frame
+        inputs = {j.field: list(state.values.get(j.field, []))[: j.threshold] for j in tables.join or ()}
         self._schedule(Activation(node, 0, next(self.aids), inputs, (), 0))
         return True
 
@@ -282,9 +288,9 @@ class Call:
 
     def _out_roots(self, act: Activation, tables: NodeTables, yidx: int) -> tuple:
         carried = tables.carried_roots
-        roots = tuple(e for e in act.roots if e[0] in carried)
+        roots = tuple(e for e in act.roots if e[0] in carried and e[0] != act.node)
         if tables.diamond_root:
-            roots += ((act.node, act.aid, yidx),)
+            roots += ((act.node, act.aid, yidx),)  # one entry per root: the newest frame (loops)
         return roots
 
     def _out_seq(self, act: Activation, tables: NodeTables, yidx: int) -> int:
@@ -386,6 +392,7 @@ class Call:
     def statistics(self) -> dict[str, int]:
         return {
             "buckets": len(self.buckets),
+            "resolved_keys": len(self.resolved),
             "joins": len(self.joins),
             "sequencers": len(self.sequencers),
             "tasks": len(self.tasks),

@@ -156,3 +156,60 @@ class Reachability(Check):
                     message = f"`{output.field}` is streamed ordered, but `{producer}` may run several activations at once and nothing orders them"
                     hint = f"make `{producer.split('.')[0]}` (or a role on the way to it) `lb session`"
                 yield Diagnostic("W206", message, clause.span, hint)
+
+
+@register
+class BucketMultiplicity(Check):
+    phase = 2
+    codes = {"E209": "a bucket slot that may receive several frames for one frame of its root"}
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        reported: set[tuple[str, int]] = set()
+        for name, plan in _plans(program).items():
+            ir = graph_irs(program)[name]
+            memo: dict[tuple[str, str], bool] = {}
+            for node_id, node in plan.nodes.items():
+                for group in node.groups:
+                    if group.routing != "bucket" or (node_id, group.index) in reported:
+                        continue
+                    for slot in group.slots:
+                        if slot.producer == group.root or _once_per_frame(plan, slot.producer, group.root, memo):
+                            continue
+                        reported.add((node_id, group.index))
+                        info = ir.nodes[node_id].info
+                        yield Diagnostic(
+                            "E209",
+                            f"`{slot.producer}` may send `{slot.field}` to the bucket of `{node_id}` several times for one frame of "
+                            f"its root `{group.root}`, so the bucket cannot tell which frames belong together",
+                            info.groups[group.index].span,
+                            f"feed the bucket from nodes that run once per frame of `{group.root}` (one input group, no stream or "
+                            "loop in between), or collect every frame with `join { ... }`",
+                        )
+                        break
+
+
+def _once_per_frame(plan, node_id: str, root: str, memo: dict) -> bool:
+    """Whether `node_id` runs exactly once, yielding once, per frame of `root` (which dominates it)."""
+    key = (node_id, root)
+    if key in memo:
+        return memo[key]
+    memo[key] = False  # a loop back here is not "once"
+    node = plan.nodes[node_id]
+    live = [g for g in node.groups if g.routing != "dead"]
+    result = False
+    if node_id == root:
+        result = True
+    elif node.in_cycle or node.join is not None or len(live) != 1:
+        result = False
+    else:
+        (group,) = live
+        if group.routing == "direct":
+            (producer,) = {s.producer for s in group.slots}
+            upstream = [producer]
+        else:
+            upstream = [group.root]
+        result = all(
+            u == root or (not plan.nodes[u].stream and _once_per_frame(plan, u, root, memo)) for u in upstream
+        )
+    memo[key] = result
+    return result

@@ -1,0 +1,261 @@
+"""A deliberately simple reference interpreter of DESIGN §4, written apart from flowrt.
+
+It shares no code with flowrt: it reads the compiler's static plan (which tests/plan checks
+against path enumeration) and runs one call sequentially from a worklist. Instead of activation
+ids it keys buckets by frame lineage: every frame remembers the chain of frames it descends
+from, a bucket with root R groups the messages that descend from the same frame of R, a direct
+group keys by the sending frame, a join by the call. Roles are plain functions.
+
+Rules (DESIGN §4): every frame resolves every control edge, as present or absent; an absent
+frame at a direct or bucket slot marks it unreachable; a stream slot collects present frames
+and ends when its producer's activation ends (unreachable if nothing came or it failed); a
+bucket fires when every slot is resolved and one was received, and dies when a critical slot
+is unreachable or nothing was received; an activation that yields nothing, fails, or a bucket
+that dies sends one absent frame on every edge; absent frames are dropped the second time the
+same (origin, node, group) sees them; a join fires once, when its counts are met and every
+node its `all` fields depend on has finished, or dies when the call can do nothing else.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Behaviour = Callable[[str, dict], list[dict]]  # (node, inputs) -> frames; raises to fail
+
+
+@dataclass
+class Result:
+    activations: list[tuple[str, tuple]] = field(default_factory=list)  # (node, sorted inputs)
+    streams: dict[str, list] = field(default_factory=dict)  # field -> values in reference order
+    stream_keys: dict[str, list] = field(default_factory=dict)  # field -> (order key, value)
+    returns: dict[str, Any] = field(default_factory=dict)
+    errors: int = 0
+    errored_outputs: set = field(default_factory=set)
+
+
+def freeze(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) -> Result:
+    g = plan["graphs"][graph]
+    nodes = g["nodes"]
+    out = Result()
+    work: deque = deque()
+    buckets: dict[tuple, dict] = {}
+    finished: set[tuple] = set()  # buckets that fired or died: later messages for them are dropped
+    joins: dict[str, dict] = {}
+    joins_done: set[str] = set()
+    seen_absent: set[tuple] = set()
+    running: dict[str, int] = {n: 0 for n in nodes}
+    counter = iter(range(1, 1 << 62))
+    outputs = {o["field"]: o for o in g["outputs"]}
+
+    def emit(node_id, act_id, lineage, frames, failed):
+        """Send an activation's frames (or one absent frame) along every control edge."""
+        control = nodes[node_id]["control"]
+        phantom = not frames
+        for yidx, frame in enumerate(frames or [{}]):
+            frame_id = (node_id, act_id, yidx)
+            line = lineage + (frame_id,)
+            for name, targets in control.items():
+                for t in targets:
+                    present = name in frame and not phantom
+                    work.append(("msg", t, name, present, frame.get(name), line, frame_id, failed if phantom else None))
+        for name, targets in control.items():
+            for t in targets:
+                if frames and t["node"] != "caller" and t["aid_rule"] != "join" and is_stream_slot(t):
+                    key_line = lineage + ((node_id, act_id, 0),)
+                    got = any(name in f for f in frames) and not failed
+                    work.append(("end", t, name, got, key_line, (node_id, act_id), failed))
+
+    def is_stream_slot(t):
+        return nodes[t["node"]]["groups"][t["group"]]["slots"][t["slot"]]["stream"]
+
+    def key_for(t, line):
+        group = nodes[t["node"]]["groups"][t["group"]]
+        if group["routing"] == "bucket":
+            for frame_id in reversed(line):
+                if frame_id[0] == group["root"]:
+                    return frame_id
+        return line[-1]
+
+    def fire(node_id, group_index, inputs_, lineage):
+        act_id = next(counter)
+        node = nodes[node_id]
+        if node["kind"] != "interface":
+            emit(node_id, act_id, lineage, [dict(inputs_)], None)
+            return
+        out.activations.append((node_id, tuple(sorted((k, freeze(v)) for k, v in inputs_.items()))))
+        running[node_id] += 1
+        try:
+            frames = behaviour(node_id, inputs_)
+            failed = None
+        except Exception:  # noqa: BLE001
+            frames, failed = [], "error"
+            out.errors += 1
+        running[node_id] -= 1
+        emit(node_id, act_id, lineage, frames, failed or ("empty" if not frames else None))
+
+    def die(node_id, lineage, reason, origin):
+        act_id = next(counter)
+        control = nodes[node_id]["control"]
+        frame_id = (node_id, act_id, 0)
+        for name, targets in control.items():
+            for t in targets:  # the absent frame also resolves a stream slot: nothing came
+                work.append(("msg", t, name, False, None, lineage + (frame_id,), origin, reason))
+
+    def decide(node_id, group_index, key):
+        b = buckets[(node_id, group_index, key)]
+        if not any(st[0] == "pending" for st in b["state"]) or any(
+            s["critical"] and st[0] == "unreachable" for s, st in zip(nodes[node_id]["groups"][group_index]["slots"], b["state"], strict=True)
+        ):
+            finished.add((node_id, group_index, key))
+        slots = nodes[node_id]["groups"][group_index]["slots"]
+        states = b["state"]
+        for i, s in enumerate(slots):
+            if s["critical"] and states[i][0] == "unreachable":
+                del buckets[(node_id, group_index, key)]
+                die(node_id, b["lineage"], states[i][1], b["origin"] or ("dead", node_id, key))
+                return
+        if any(st[0] == "pending" for st in states):
+            return
+        del buckets[(node_id, group_index, key)]
+        if not any(st[0] == "received" for st in states):
+            reasons = [st[1] for st in states]
+            reason = "error" if "error" in reasons else ("cancel" if "cancel" in reasons else "empty")
+            die(node_id, b["lineage"], reason, b["origin"] or ("dead", node_id, key))
+            return
+        inputs_: dict = {}
+        for i, s in enumerate(slots):
+            if states[i][0] == "received" and s["field"] not in inputs_:
+                inputs_[s["field"]] = states[i][1]
+        fire(node_id, group_index, inputs_, b["lineage"])
+
+    def bucket(t, line, origin):
+        node = nodes[t["node"]]
+        key = key_for(t, line)
+        k = (t["node"], t["group"], key)
+        if k in finished:
+            return None
+        if k not in buckets:
+            slots = node["groups"][t["group"]]["slots"]
+            buckets[k] = {
+                "state": [["pending", [] if s["stream"] else None] for s in slots],
+                "lineage": line if node["groups"][t["group"]]["routing"] != "bucket" else line[: line.index(key) + 1],
+                "origin": origin,
+            }
+        return k
+
+    def caller(name, present, value, line, reason):
+        spec = outputs[name]
+        if reason in ("error", "cancel"):
+            out.errored_outputs.add(name)
+        if not present:
+            return
+        if spec["kind"] == "return":
+            out.returns.setdefault(name, value)
+        else:
+            out.streams.setdefault(name, []).append(value)
+            out.stream_keys.setdefault(name, []).append((tuple(f[2] for f in line), value))
+
+    def try_join(node_id, final):
+        if node_id in joins_done:
+            return False
+        state = joins.setdefault(node_id, {})
+        complete = True
+        for j in nodes[node_id]["join"]:
+            got = state.get(j["field"], [])
+            if j["threshold"] is not None:
+                complete &= len(got) >= j["threshold"]
+            else:
+                complete &= final or (all(running[n] == 0 for n in j["upstream"]) and not pending_at(j["upstream"]))
+        if not complete and not final:
+            return False
+        joins_done.add(node_id)
+        if complete:
+            taken = {j["field"]: list(state.get(j["field"], []))[: j["threshold"]] for j in nodes[node_id]["join"]}
+            fire(node_id, 0, taken, ())
+        else:
+            die(node_id, (), "error" if out.errors else "empty", ("join", node_id))
+        return True
+
+    def pending_at(upstream):
+        """Anything still to happen at, or on its way from, the upstream nodes."""
+        wanted = set(upstream)
+        if any(k[0] in wanted for k in buckets):
+            return True
+        for w in work:
+            sender = w[5][-1][0] if w[0] == "msg" else w[5][0]
+            if w[1]["node"] in wanted or sender in wanted:
+                return True
+        return False
+
+    fire(g["start"], 0, dict(inputs), ())
+    while True:
+        while work:
+            item = work.popleft()
+            if item[0] == "msg":
+                _, t, name, present, value, line, origin, reason = item
+                if t["node"] == "caller":
+                    caller(name, present, value, line, reason)
+                    continue
+                node = nodes[t["node"]]
+                group = node["groups"][t["group"]]
+                if group["routing"] == "join":
+                    if present and t["node"] not in joins_done:
+                        joins.setdefault(t["node"], {}).setdefault(name, []).append(value)
+                    continue
+                stream = group["slots"][t["slot"]]["stream"]
+                if stream and present:
+                    k = bucket(t, line, None)
+                    if k is not None:
+                        buckets[k]["state"][t["slot"]][1].append(value)
+                    continue
+                if not present:
+                    if stream and reason is None:
+                        continue  # a frame without the field: the slot waits for its end
+                    if node["in_cycle"]:
+                        d = (origin, t["node"], t["group"])
+                        if d in seen_absent:
+                            continue
+                        seen_absent.add(d)
+                    k = bucket(t, line, origin)
+                    if k is None:
+                        continue
+                    st = buckets[k]["state"][t["slot"]]
+                    if st[0] != "received":
+                        buckets[k]["state"][t["slot"]] = ["unreachable", reason or "empty"]
+                    decide(*k)
+                else:
+                    k = bucket(t, line, None)
+                    if k is None:
+                        continue
+                    buckets[k]["state"][t["slot"]] = ["received", value]
+                    decide(*k)
+            else:
+                _, t, name, got, line, origin, failed = item
+                k = bucket(t, line, None)
+                if k is None:
+                    continue
+                st = buckets[k]["state"][t["slot"]]
+                if st[0] == "pending":
+                    if got and st[1]:
+                        buckets[k]["state"][t["slot"]] = ["received", st[1]]
+                    else:
+                        buckets[k]["state"][t["slot"]] = ["unreachable", failed or "empty"]
+                decide(*k)
+            for node_id, node in nodes.items():
+                if node["join"] is not None and node_id in joins:
+                    try_join(node_id, final=False)
+        pending_joins = [n for n, node in nodes.items() if node["join"] is not None and n not in joins_done]
+        if not pending_joins:
+            break
+        try_join(pending_joins[0], final=True)
+    out.leftover_buckets = len(buckets)  # type: ignore[attr-defined]
+    return out
