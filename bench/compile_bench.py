@@ -27,10 +27,29 @@ from flowc.plan import build_plan  # noqa: E402
 from flowc.syntax import parse  # noqa: E402
 
 
+def _single_group(i: int) -> list[int]:
+    """Earlier roles, within a window of 20, that have one input group."""
+    return [j for j in range(max(0, i - 20), i) if j % 5 != 0 or j == 0]
+
+
 def generate(roles: int, seed: int = 0) -> str:
     rng = random.Random(seed)
-    out = ["flow generated", "", "placeholder request: Json", ""]
+    inputs: list[str] = []
     consumed: set[int] = set()
+    for i in range(roles):
+        if i == 0:
+            inputs.append("request")
+        elif i % 5 == 0 and i >= 2:
+            # a bucket in an OR group; roles with two groups are consumed by nobody, so no later
+            # bucket receives several frames of one key from them (E209)
+            a, b, c = rng.sample(_single_group(i), 3)
+            inputs.append(f"f{a} & f{b} | f{c}")
+            consumed.update((a, b, c))
+        else:
+            a = rng.choice(_single_group(i))
+            inputs.append(f"f{a}")
+            consumed.add(a)
+    out = ["flow generated", "", "placeholder request: Json", ""]
     for i in range(roles):
         lines = [f"role r{i} {{", f'    impl "generated.roles:R{i}"']
         if i % 7 == 0:
@@ -40,18 +59,9 @@ def generate(roles: int, seed: int = 0) -> str:
             lines.append("    gpus 1")
         elif i % 50 == 1:
             lines.append(f"    share gpus with r{i - 1}")
-        if i == 0:
-            inputs = "request"
-        elif i % 5 == 0 and i >= 2:
-            a, b = rng.sample(range(max(0, i - 20), i), 2)
-            inputs = f"f{a} & f{b} | f{i - 1}"
-            consumed.update((a, b, i - 1))
-        else:
-            a = rng.randrange(max(0, i - 20), i)
-            inputs = f"f{a}"
-            consumed.add(a)
-        stream = "stream " if i % 3 == 0 else ""
-        lines += [f"    interface run{i} {{", f"        in  {inputs}", f"        out {stream}f{i}: Tensor", "    }", "}", ""]
+        # streaming roles are ones nothing consumes, so no bucket gets several frames per key (E209)
+        stream = "stream " if i % 3 == 0 and i not in consumed else ""
+        lines += [f"    interface run{i} {{", f"        in  {inputs[i]}", f"        out {stream}f{i}: Tensor", "    }", "}", ""]
         out += lines
     returned = [f"f{i}" for i in range(roles) if i not in consumed]
     out += ["graph g {", "    entry  request", f"    return {', '.join(returned)}", "}", ""]

@@ -8,7 +8,7 @@ table read here equals the plan entry it came from; `RoleSpec.as_literal()` give
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -33,6 +33,13 @@ class Group:
     slots: tuple[Slot, ...]
     root: str | None
     missing: tuple[str, ...]
+    slots_by_field: tuple[tuple[int, ...], ...] = field(init=False)  # slot indices of each field
+
+    def __post_init__(self) -> None:
+        by_field: dict[str, list[int]] = {}
+        for i, s in enumerate(self.slots):
+            by_field.setdefault(s.field, []).append(i)
+        object.__setattr__(self, "slots_by_field", tuple(tuple(v) for v in by_field.values()))
 
 
 @dataclass(frozen=True, slots=True)

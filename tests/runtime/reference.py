@@ -10,9 +10,9 @@ Rules (DESIGN §4): every frame resolves every control edge, as present or absen
 frame at a direct or bucket slot marks it unreachable; a stream slot collects present frames
 and ends when its producer's activation ends (unreachable if nothing came or it failed); a
 bucket fires when every slot is resolved and one was received, and dies when a critical slot
-is unreachable or nothing was received; an activation that yields nothing, fails, or a bucket
+or every slot of one field is unreachable, or nothing was received; an activation that yields nothing, fails, or a bucket
 that dies sends one absent frame on every edge; absent frames are dropped the second time the
-same (origin, node, group) sees them; a join fires once, when its counts are met and every
+same (origin, node, group, slot) sees them; a join fires once, when its counts are met and every
 node its `all` fields depend on has finished, or dies when the call can do nothing else.
 """
 
@@ -112,16 +112,21 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
 
     def decide(node_id, group_index, key):
         b = buckets[(node_id, group_index, key)]
-        if not any(st[0] == "pending" for st in b["state"]) or any(
-            s["critical"] and st[0] == "unreachable" for s, st in zip(nodes[node_id]["groups"][group_index]["slots"], b["state"], strict=True)
-        ):
+        slots_ = nodes[node_id]["groups"][group_index]["slots"]
+        dead_field = any(
+            all(b["state"][i][0] == "unreachable" for i, s in enumerate(slots_) if s["field"] == name) for name in {s["field"] for s in slots_}
+        )
+        if dead_field or not any(st[0] == "pending" for st in b["state"]):
             finished.add((node_id, group_index, key))
         slots = nodes[node_id]["groups"][group_index]["slots"]
         states = b["state"]
-        for i, s in enumerate(slots):
-            if s["critical"] and states[i][0] == "unreachable":
+        for name in {s["field"] for s in slots}:
+            mine = [i for i, s in enumerate(slots) if s["field"] == name]
+            if all(states[i][0] == "unreachable" for i in mine):
                 del buckets[(node_id, group_index, key)]
-                die(node_id, b["lineage"], states[i][1], b["origin"] or ("dead", node_id, key))
+                reasons = [states[i][1] for i in mine]
+                reason = "error" if "error" in reasons else ("cancel" if "cancel" in reasons else "empty")
+                die(node_id, b["lineage"], reason, b["origin"] or ("dead", node_id, key))
                 return
         if any(st[0] == "pending" for st in states):
             return
@@ -221,7 +226,7 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
                     if stream and reason is None:
                         continue  # a frame without the field: the slot waits for its end
                     if node["in_cycle"]:
-                        d = (origin, t["node"], t["group"])
+                        d = (origin, t["node"], t["group"], t["slot"])
                         if d in seen_absent:
                             continue
                         seen_absent.add(d)

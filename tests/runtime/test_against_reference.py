@@ -146,7 +146,7 @@ def check(spec: Spec, seed: int, tmp_path) -> None:
         if spec.join:
             roles["gather"] = Role("gather.run", behaviour, rng, log)
         rt = await open_runtime(text, tmp_path, roles)
-        events = await asyncio.wait_for(collect(rt, "g", {"request": REQUEST}), 20)
+        events = await asyncio.wait_for(collect(rt, "g", {"request": REQUEST}), 5)
         assert_clean(rt)
         return events, log
 

@@ -66,9 +66,11 @@ class Bucket:
 
     def _decide(self) -> Outcome | None:
         slots = self.group.slots
-        for i, s in enumerate(slots):
-            if s.critical and self.state[i] == UNREACHABLE:
-                return self._dead(self.reasons[i])
+        # DEAD when a field can no longer arrive: its only (critical) slot, or every slot of it,
+        # is unreachable; the AND of the group needs every field
+        for indices in self.group.slots_by_field:
+            if all(self.state[i] == UNREACHABLE for i in indices):
+                return self._dead(Reason.worst(r for i in indices if (r := self.reasons[i])))
         if PENDING in self.state:
             return None
         if RECEIVED not in self.state:

@@ -157,7 +157,7 @@ class Call:
                     self._try_join(target.node, final=False)
             return
         if signal.kind is Kind.UNREACHABLE and tables.in_cycle and signal.origin is not None:
-            dedup = (signal.origin, target.node, target.group)
+            dedup = (signal.origin, target.node, target.group, target.slot)
             if dedup in self.seen_unreachable:
                 return
             self.seen_unreachable.add(dedup)
