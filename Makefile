@@ -16,13 +16,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## The main job: check, format-check and plan every example pipeline; build image_chat's bundle.
+## The main job: check, format-check and plan every example; build image_chat and run one call on the embedded runtime.
 demo: $(STAMP)
 	$(VENV)/bin/flowc check $(EXAMPLES)
 	$(VENV)/bin/flowc fmt --check $(EXAMPLES)
 	$(VENV)/bin/flowc plan examples/image_chat/pipeline.flow
 	$(VENV)/bin/flowc build examples/image_chat/pipeline.flow -o build/image_chat
 	cd build && ../$(PY) -m image_chat check
+	$(VENV)/bin/flowc run build/image_chat --once chat --input @examples/image_chat/request.json
 
 ## The tests (CI runs exactly this).
 test: $(STAMP)
