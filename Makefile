@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXAMPLES := $(sort $(wildcard examples/*/pipeline.flow))
 
-.PHONY: all install demo test golden docs lint fmt bench clean
+.PHONY: all install demo test golden docs lint fmt bench bench-overhead clean
 
 all: test
 
@@ -46,5 +46,11 @@ bench: $(STAMP)
 	$(PY) bench/compile_bench.py
 	$(PY) bench/fuzz_bench.py
 
+## Control-flow overhead against a hand-written floor and LangGraph (installed here only, in .venv-bench).
+bench-overhead:
+	$(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/python -m pip install --quiet --disable-pip-version-check -e . langgraph
+	.venv-bench/bin/python bench/control_overhead.py --profile
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-bench build *.egg-info .pytest_cache .hypothesis

@@ -26,6 +26,30 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("flowrt")
 CALLER = "caller"
+# how an out edge is treated when a frame is dispatched (precomputed per node by the Runtime)
+PLAIN, STREAM_SLOT, JOIN, TO_CALLER = "plain", "stream_slot", "join", "caller"
+
+
+def dispatch_table(tables: dict[str, NodeTables]) -> dict[str, tuple]:
+    """Per node: (field, ((target, kind), ...)) for every out field, classified once."""
+    result = {}
+    for node_id, node in tables.items():
+        fields = []
+        for name, targets in node.control.items():
+            classified = []
+            for target in targets:
+                if target.node == CALLER:
+                    kind = TO_CALLER
+                elif target.aid_rule == "join":
+                    kind = JOIN
+                elif tables[target.node].groups[target.group].slots[target.slot].stream:
+                    kind = STREAM_SLOT
+                else:
+                    kind = PLAIN
+                classified.append((target, kind))
+            fields.append((name, tuple(classified)))
+        result[node_id] = tuple(fields)
+    return result
 
 
 @dataclass
@@ -311,24 +335,21 @@ class Call:
         tables = self.tables[act.node]
         roots = self._out_roots(act, tables, yidx)
         seq = self._out_seq(act, tables, yidx)
-        for name, targets in tables.control.items():
+        for name, targets in self.runtime.dispatch[self.graph][act.node]:
             present = name in frame
-            for target in targets:
-                stream_slot = self._is_stream_slot(target)
+            value = frame.get(name)
+            for target, kind in targets:
+                key = self._key(act, target, roots, yidx)
                 if present:
-                    self.deliver(target, Signal(Kind.ARRIVED, name, self._key(act, target, roots, yidx), target.slot, frame[name], roots, seq))
-                    if stream_slot and streams is not None:
-                        streams[(name, target.node, target.group, target.slot, self._key(act, target, roots, yidx))] = True
-                elif target.aid_rule == "join" or stream_slot:
-                    continue
-                else:
+                    self.deliver(target, Signal(Kind.ARRIVED, name, key, target.slot, value, roots, seq))
+                    if kind is STREAM_SLOT and streams is not None:
+                        streams[(name, target.node, target.group, target.slot, key)] = True
+                elif kind is STREAM_SLOT:
+                    if streams is not None:
+                        streams.setdefault((name, target.node, target.group, target.slot, key), False)
+                elif kind is not JOIN:
                     origin = (act.node, act.aid, yidx)
-                    self.deliver(target, Signal(Kind.UNREACHABLE, name, self._key(act, target, roots, yidx), target.slot, None, roots, seq, Reason.EMPTY, origin))
-        if streams is not None:
-            for name, targets in tables.control.items():
-                for target in targets:
-                    if self._is_stream_slot(target):
-                        streams.setdefault((name, target.node, target.group, target.slot, self._key(act, target, roots, yidx)), False)
+                    self.deliver(target, Signal(Kind.UNREACHABLE, name, key, target.slot, None, roots, seq, Reason.EMPTY, origin))
 
     def _dispatch_phantom(self, act: Activation, reason: Reason, origin: tuple) -> None:
         """An activation (or bucket) that produced nothing: every edge learns it is unreachable."""
@@ -352,10 +373,7 @@ class Call:
             else:
                 self.deliver(target, Signal(Kind.UNREACHABLE, name, key, slot, None, (), 0, reason or Reason.EMPTY, (act.node, act.aid)))
 
-    def _is_stream_slot(self, target: Target) -> bool:
-        if target.node == CALLER or target.aid_rule == "join":
-            return False
-        return self.tables[target.node].groups[target.group].slots[target.slot].stream
+
 
     # ── the caller ──
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrt.bundle import Bundle, load_bundle
-from flowrt.control.call import Activation, Call
+from flowrt.control.call import Activation, Call, dispatch_table
 from flowrt.tables import NodeTables, RoleSpec, _node
 
 
@@ -98,6 +98,7 @@ class Runtime:
             graph: {node_id: _node(node) for node_id, node in plan["nodes"].items()} for graph, plan in bundle.plan["graphs"].items()
         }
         self.session_ordered = {graph: self._ordered_sessions(tables) for graph, tables in self.node_tables.items()}
+        self.dispatch = {graph: dispatch_table(tables) for graph, tables in self.node_tables.items()}
         self.instances: dict[str, list[Any]] = {}
         self.globals: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
         self.scheduler = GCScheduler()

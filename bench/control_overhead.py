@@ -1,0 +1,268 @@
+"""Control-flow overhead: the image_chat topology with no-op roles and 32 streamed tokens.
+
+In ONE run it measures three implementations of the same graph on the same request (one text
+segment and one image segment; the LLM streams 16 tokens per segment):
+- flowrt: the built examples/image_chat bundle on the embedded runtime, roles replaced by no-ops;
+- floor: a minimal hand-written asyncio version (queues, gather, one session lock);
+- LangGraph: a StateGraph of the same stages, tokens streamed with its stream writer
+  (only when langgraph is importable; `make bench-overhead` installs it in .venv-bench).
+For 1 and 64 concurrent clients: requests/s, p50/p99 latency, CPU µs per request, and the
+ratios flowrt/floor and flowrt/LangGraph. `--profile` adds where flowrt's time goes.
+
+    python bench/control_overhead.py [--requests 2000] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TOKENS_PER_SEGMENT = 16
+REQUEST = {"segments": [{"type": "text", "text": "draw a red cat"}, {"type": "image", "width": 64, "height": 48}]}
+
+
+# ── no-op roles for flowrt ──
+
+
+class Frontend:
+    async def parse(self, ctx, request):
+        for segment in request["segments"]:
+            yield {"text_seg": segment} if segment["type"] == "text" else {"image_seg": segment}
+
+
+class Embed:
+    async def encode(self, ctx, text_seg):
+        return {"txt_emb": 1}
+
+
+class Vit:
+    async def encode(self, ctx, image_seg):
+        return {"vit_emb": 1}
+
+
+class Vae:
+    async def encode(self, ctx, image_seg):
+        return {"vae_lat": 1}
+
+    async def decode(self, ctx, latent):
+        return {"image": "png"}
+
+
+class Llm:
+    async def generate(self, ctx, txt_emb=None, vit_emb=None, vae_lat=None):
+        for i in range(TOKENS_PER_SEGMENT):
+            yield {"token": i}
+        yield {"hidden": 1}
+
+
+class Dit:
+    async def denoise(self, ctx, hidden, vit_emb, vae_lat):
+        return {"latent": 1}
+
+
+async def flowrt_system():
+    from flowc.check import check_file
+    from flowc.codegen import build_bundle
+    from flowrt.control import Runtime
+
+    source = REPO / "examples/image_chat/pipeline.flow"
+    out = Path(tempfile.mkdtemp(prefix="flowrt-bench-")) / "bundle"
+    build_bundle(check_file(source).program, source, out).write(out)
+    roles = {"frontend": [Frontend(), Frontend()], "embed": [Embed()], "vit": [Vit()], "vae": [Vae()], "llm": [Llm()], "dit": [Dit()]}
+    runtime = await Runtime.open(out, instances=roles)
+
+    async def one(session: str) -> int:
+        tokens = 0
+        async for event in runtime.call("chat", {"request": REQUEST}, session=session):
+            tokens += event["event"] == "stream"
+            if event["event"] == "done":
+                assert event["status"] == "ok", event
+        return tokens
+
+    return one
+
+
+# ── the floor: the same graph written by hand ──
+
+
+def floor_system():
+    locks: dict[str, asyncio.Lock] = {}
+
+    async def llm(segment_kind: str, out: asyncio.Queue) -> None:
+        for i in range(TOKENS_PER_SEGMENT):
+            await out.put(i)
+
+    async def one(session: str) -> int:
+        lock = locks.setdefault(session, asyncio.Lock())
+        out: asyncio.Queue = asyncio.Queue()
+        hidden, vit, vae = [], [], []
+
+        async def segment(seg):
+            if seg["type"] == "text":
+                await Embed().encode(None, seg)
+                kind = "text"
+            else:
+                v, a = await asyncio.gather(Vit().encode(None, seg), Vae().encode(None, seg))
+                vit.append(v)
+                vae.append(a)
+                kind = "image"
+            return kind
+
+        kinds = [await segment(seg) for seg in REQUEST["segments"]]
+        async with lock:  # the session node: in order, one at a time
+            for kind in kinds:
+                await llm(kind, out)
+                hidden.append(1)
+        await Dit().denoise(None, hidden, vit, vae)
+        await Vae().decode(None, 1)
+        tokens = 0
+        while not out.empty():
+            out.get_nowait()
+            tokens += 1
+        if not lock.locked() and locks.get(session) is lock:
+            del locks[session]
+        return tokens
+
+    return one
+
+
+# ── LangGraph ──
+
+
+def langgraph_system():
+    try:
+        from typing import TypedDict
+
+        from langgraph.config import get_stream_writer
+        from langgraph.graph import END, START, StateGraph
+    except ImportError:
+        return None
+
+    class State(TypedDict, total=False):
+        request: dict
+        segments: list
+        hidden: list
+        image: str
+
+    def frontend(state):
+        return {"segments": [{"kind": s["type"], "seg": s} for s in state["request"]["segments"]]}
+
+    def encode(state):
+        return {"segments": [dict(s, emb=1) for s in state["segments"]]}
+
+    def llm(state):
+        write = get_stream_writer()
+        hidden = []
+        for _ in state["segments"]:
+            for i in range(TOKENS_PER_SEGMENT):
+                write({"token": i})
+            hidden.append(1)
+        return {"hidden": hidden}
+
+    def dit(state):
+        return {"image": "latent"}
+
+    def decode(state):
+        return {"image": "png"}
+
+    builder = StateGraph(State)
+    for name, fn in (("frontend", frontend), ("encode", encode), ("llm", llm), ("dit", dit), ("decode", decode)):
+        builder.add_node(name, fn)
+    builder.add_edge(START, "frontend")
+    builder.add_edge("frontend", "encode")
+    builder.add_edge("encode", "llm")
+    builder.add_edge("llm", "dit")
+    builder.add_edge("dit", "decode")
+    builder.add_edge("decode", END)
+    graph = builder.compile()
+
+    async def one(session: str) -> int:
+        tokens = 0
+        async for chunk in graph.astream({"request": REQUEST}, stream_mode="custom"):
+            tokens += "token" in chunk
+        return tokens
+
+    return one
+
+
+# ── measurement ──
+
+
+async def measure(one, requests: int, clients: int) -> dict:
+    latencies: list[float] = []
+    counter = iter(range(requests))
+
+    async def client(c: int) -> None:
+        for _ in counter:
+            began = time.perf_counter()
+            tokens = await one(f"client-{c}")
+            latencies.append(time.perf_counter() - began)
+            assert tokens == 2 * TOKENS_PER_SEGMENT, tokens
+
+    for _ in range(20):  # warm up
+        await one("warmup")
+    cpu, wall = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    latencies.sort()
+    return {
+        "rps": requests / wall,
+        "p50_ms": statistics.median(latencies) * 1e3,
+        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1e3,
+        "cpu_us": cpu / requests * 1e6,
+    }
+
+
+async def main_async(args) -> None:
+    systems = {"flowrt": await flowrt_system(), "floor": floor_system()}
+    graph = langgraph_system()
+    if graph is not None:
+        systems["langgraph"] = graph
+    else:
+        print("langgraph is not installed here: `make bench-overhead` runs this in .venv-bench with it", file=sys.stderr)
+    results: dict[tuple[str, int], dict] = {}
+    for clients in (1, 64):
+        for name, one in systems.items():
+            results[(name, clients)] = await measure(one, args.requests, clients)
+    print(f"requests per measurement: {args.requests}; tokens per request: {2 * TOKENS_PER_SEGMENT}")
+    print("| system | clients | req/s | p50 | p99 | CPU per request |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for (name, clients), r in results.items():
+        print(f"| {name} | {clients} | {r['rps']:,.0f} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | {r['cpu_us']:,.0f} µs |")
+    print()
+    for clients in (1, 64):
+        flowrt = results[("flowrt", clients)]["rps"]
+        line = f"clients {clients}: flowrt/floor = {flowrt / results[('floor', clients)]['rps']:.2f}x"
+        if ("langgraph", clients) in results:
+            line += f", flowrt/LangGraph = {flowrt / results[('langgraph', clients)]['rps']:.2f}x"
+        print(line)
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        await measure(systems["flowrt"], args.requests, 64)
+        profiler.disable()
+        stream = io.StringIO()
+        pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(15)
+        print("\nflowrt profile, 64 clients (top functions by own time):")
+        print("\n".join(line for line in stream.getvalue().splitlines() if line.strip())[:6000])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--profile", action="store_true")
+    asyncio.run(main_async(parser.parse_args()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
