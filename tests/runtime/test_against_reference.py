@@ -29,6 +29,7 @@ class Spec:
     join: list[str] | None
     session: list[bool]
     replicas: list[int]
+    ordered: tuple[str, ...] = ()  # fields streamed `ordered` (chosen once the plan is known)
 
     def text(self) -> str:
         lines = ["placeholder request: Json", ""]
@@ -46,11 +47,12 @@ class Spec:
                 "",
             ]
         streamed = sorted({f for outs in self.outputs for f in outs})
+        ordered = set(self.ordered)
         if self.join:
             items = ", ".join(f"{f}: all" for f in self.join)
             lines += ["role gather {", '    impl "m:Gather"', "    interface run {", f"        join {{ {items} }}", "        out gathered: Json", "    }", "}", ""]
         lines += ["graph g {", "    entry  request"]
-        lines += [f"    stream {f}" for f in streamed]
+        lines += [f"    stream {f}" + (" ordered" if f in ordered else "") for f in streamed]
         if self.join:
             lines.append("    return gathered")
         lines += ["}", ""]
@@ -131,6 +133,16 @@ def normalize(activations):
 
 
 def check(spec: Spec, seed: int, tmp_path) -> None:
+    result = check_source(spec.text(), "random.flow")
+    assume(result.ok)
+    # stream `ordered` every field whose order comes from its one producer's own yields: that
+    # producer runs once per call, so the caller must see its frames in yield order exactly
+    graph = build_plan(result.program).as_json()["graphs"]["g"]
+    spec.ordered = tuple(
+        o["field"]
+        for o in graph["outputs"]
+        if o["kind"] == "stream" and o["producers"] == [o["order_source"]] and not graph["nodes"][o["order_source"]]["session"]
+    )
     text = spec.text()
     result = check_source(text, "random.flow")
     assume(result.ok)
@@ -162,6 +174,9 @@ def check(spec: Spec, seed: int, tmp_path) -> None:
     assert {f: sorted(v, key=repr) for f, v in got_streams.items()} == {
         f: sorted((freeze(x) for x in v), key=repr) for f, v in expected.streams.items()
     }
+    for name in spec.ordered:
+        event("ordered stream compared")
+        assert got_streams.get(name, []) == [freeze(x) for x in expected.streams.get(name, [])], name
     end = done(events)
     assert len(end["errors"]) == expected.errors
     missing = [f for f in (["gathered"] if spec.join else []) if f not in expected.returns]
