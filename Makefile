@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 ## The tests (CI runs exactly this).
 test: $(STAMP)
-	$(PY) -m ruff check compiler runtime stdlib tests bench
+	$(PY) -m ruff check compiler runtime stdlib tests bench examples
 	$(PY) -m pytest
 
 ## Rewrite the golden files under golden/ after an intended change; review the diff like code.
@@ -39,7 +39,7 @@ docs: $(STAMP)
 	$(PY) -m flowc.check.catalog > docs/diagnostics.md
 
 lint: $(STAMP)
-	$(PY) -m ruff check compiler runtime stdlib tests bench
+	$(PY) -m ruff check compiler runtime stdlib tests bench examples
 	$(PY) -m ruff format --check compiler runtime stdlib tests bench
 
 bench: $(STAMP)
