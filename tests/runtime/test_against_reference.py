@@ -71,7 +71,7 @@ def specs(draw, back_edges: bool) -> Spec:
             earlier = ["request", *earlier]
         node_groups = [draw(st.lists(st.sampled_from(earlier), min_size=1, max_size=2, unique=True))]
         later = sorted({f for j in range(i, n) for f in outputs[j]})
-        if back_edges and later and draw(st.booleans()):
+        if back_edges and later and draw(st.integers(0, 2)) == 0:
             node_groups.append(draw(st.lists(st.sampled_from(later), min_size=1, max_size=1)))
         elif draw(st.integers(0, 3)) == 0 and len(earlier) > 1:
             node_groups.append(draw(st.lists(st.sampled_from(earlier), min_size=1, max_size=2, unique=True)))
@@ -185,7 +185,13 @@ def check(spec: Spec, seed: int, tmp_path) -> None:
     assert end["status"] == status
 
 
-SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+# Programs the compiler rejects (E209 shapes, by design) are skipped with assume(); with loops
+# that can be most of a batch, which is expected, not a sign of a broken generator.
+SETTINGS = settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 
 
 @SETTINGS
