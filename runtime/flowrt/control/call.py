@@ -185,6 +185,14 @@ class Call:
             if dedup in self.seen_unreachable:
                 return
             self.seen_unreachable.add(dedup)
+        if group.routing == "direct" and len(group.slots) == 1:
+            # one slot filled by one frame: the bucket would resolve on this very signal
+            if signal.kind is Kind.ARRIVED:
+                self._resolved(target.node, target.group, Outcome(True, {signal.field: signal.value}, None, signal.roots, signal.seq, None))
+            else:
+                reason = signal.reason or Reason.EMPTY
+                self._resolved(target.node, target.group, Outcome(False, {}, reason, signal.roots, signal.seq, signal.origin))
+            return
         key = (target.node, target.group, signal.key)
         bucket = self.buckets.get(key)
         if bucket is None:
