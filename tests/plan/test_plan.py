@@ -214,10 +214,13 @@ def test_nested_diamonds_have_one_root_per_level():
     # (each of r's frames is its own bucket).
     assert g.nodes["t.meet"].groups[0].root == "r.fork"
     assert slots(g.nodes["t.meet"].groups[0])[0] == ("r.fork", "x", True, False)
-    # Messages below p carry both levels' entries, outermost first; q is not under p.
+    # Messages between p and m carry both levels' entries, outermost first; after m only the
+    # outer root is still needed (by s), and after s and t none is; q is not under p.
     assert g.nodes["p1.run"].carried_roots == ("r.fork", "p.fork")
-    assert g.nodes["m.meet"].carried_roots == ("r.fork", "p.fork")
+    assert g.nodes["p.fork"].carried_roots == ("r.fork", "p.fork")
+    assert g.nodes["m.meet"].carried_roots == ("r.fork",)
     assert g.nodes["q.run"].carried_roots == ("r.fork",)
+    assert g.nodes["t.meet"].carried_roots == ()
     assert {n for n, node in g.nodes.items() if node.diamond_root} == {"r.fork", "p.fork"}
 
 

@@ -85,6 +85,26 @@ class GraphIR:
             depth[child] = depth[parent] + 1
         return depth
 
+    @functools.cached_property
+    def dom_interval(self) -> dict[str, tuple[int, int]]:
+        """Pre/post numbers in the dominator tree: a dominates b iff a's interval holds b's."""
+        tree = nx.DiGraph((parent, child) for child, parent in self.idom.items() if child != parent)
+        tree.add_node(self.start)
+        interval: dict[str, list[int]] = {}
+        clock = 0
+        for _parent, child, kind in nx.dfs_labeled_edges(tree, self.start):
+            if kind == "forward":
+                interval[child] = [clock, 0]
+                clock += 1
+            elif kind == "reverse":
+                interval[child][1] = clock
+                clock += 1
+        return {n: (a, b) for n, (a, b) in interval.items()}
+
+    def dominates_fast(self, a: str, b: str) -> bool:
+        ia, ib = self.dom_interval[a], self.dom_interval[b]
+        return ia[0] <= ib[0] and ib[1] <= ia[1]
+
     def common_dominator(self, nodes: list[str]) -> str:
         """The nearest node that every path from the start to each of `nodes` passes through."""
         idom, depth = self.idom, self.dom_depth

@@ -96,7 +96,7 @@ def plan_graph(ir: GraphIR) -> GraphPlan:
     in_cycle = {n for component in sccs for n in component}
     groups = {n: _groups(ir, n) for n in sorted(ir.live) if n != ir.start}
     roots = {g.root for plans in groups.values() for g in plans if g.root}
-    carried = _carried_roots(ir, roots)
+    carried = _carried_roots(ir, groups)
     order = _order_sources(ir, groups, in_cycle, sccs)
     outputs = _outputs(ir, order)
     to_caller: dict[str, list[str]] = {}
@@ -200,14 +200,28 @@ def _control(ir: GraphIR, node_id: str, groups: dict[str, list[GroupPlan]], to_c
     return {name: tuple(targets) for name, targets in sorted(control.items())}
 
 
-def _carried_roots(ir: GraphIR, roots: set[str]) -> dict[str, tuple[str, ...]]:
-    """Diamond roots dominating each node (itself included), outermost first."""
-    tree = nx.DiGraph((parent, child) for child, parent in ir.idom.items() if child != parent)
-    tree.add_node(ir.start)
-    carried = {ir.start: (ir.start,) if ir.start in roots else ()}
-    for parent, child in nx.bfs_edges(tree, ir.start):
-        carried[child] = carried[parent] + ((child,) if child in roots else ())
-    return carried
+def _carried_roots(ir: GraphIR, groups: dict[str, list[GroupPlan]]) -> dict[str, tuple[str, ...]]:
+    """The diamond roots whose entries each node's outgoing messages must carry, outermost first.
+
+    A root's entry is needed on the way from the root to the buckets it keys: walk back from
+    each bucket's direct predecessors to its root (every node on the way is dominated by it).
+    """
+    needed: dict[str, set[str]] = {n: set() for n in ir.live}
+    for plans in groups.values():
+        for group in plans:
+            if group.routing != "bucket" or group.root is None:
+                continue
+            root = group.root
+            stack = [s.producer for s in group.slots]
+            while stack:
+                node = stack.pop()
+                if root in needed[node] or not ir.dominates_fast(root, node):
+                    continue
+                needed[node].add(root)
+                if node != root:
+                    stack.extend(p for p in ir.digraph.predecessors(node))
+    depth = ir.dom_depth
+    return {n: tuple(sorted(needed[n], key=lambda r: (depth[r], r))) for n in ir.live}
 
 
 def _order_sources(ir: GraphIR, groups: dict[str, list[GroupPlan]], in_cycle: set[str], sccs) -> dict[str, str | None]:
