@@ -40,9 +40,10 @@ from flowc.plan.model import (
 
 def build_plan(program: Program) -> StaticPlan:
     irs = graph_irs(program)
+    cached = program.derived.get("graph_plans") or {}  # the graph-analysis checks built them already
     return StaticPlan(
         flow=program.root.name,
-        graphs={name: plan_graph(irs[name]) for name in sorted(irs)},
+        graphs={name: cached.get(name) or plan_graph(irs[name]) for name in sorted(irs)},
         roles={name: _role(program, name) for name in sorted(program.roles)},
         globals={
             name: {"kind": decl.kind.text, **_plain(schema.interpret(decl.entries, schema.GLOBAL_KINDS[decl.kind.text]).values)}
