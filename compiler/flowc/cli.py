@@ -339,12 +339,12 @@ def _parse_input(text: str) -> dict:
 
 async def _run_once(bundle_dir: Path, graph: str, inputs: dict, session: str | None, timeout: float | None) -> str:
     from flowrt.bundle import BundleError
-    from flowrt.control import Runtime, RuntimeError_
+    from flowrt.control import FlowrtError, Runtime
     from flowrt.values import summarize
 
     try:
         runtime = await Runtime.open(bundle_dir)
-    except (BundleError, RuntimeError_) as error:
+    except (BundleError, FlowrtError) as error:
         raise click.UsageError(str(error)) from None
     status = "error"
     try:
@@ -352,7 +352,7 @@ async def _run_once(bundle_dir: Path, graph: str, inputs: dict, session: str | N
             click.echo(json.dumps(summarize(event), ensure_ascii=False))
             if event["event"] == "done":
                 status = event["status"]
-    except RuntimeError_ as error:
+    except FlowrtError as error:
         raise click.UsageError(str(error)) from None
     finally:
         await runtime.close()

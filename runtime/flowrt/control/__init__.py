@@ -6,8 +6,8 @@ sequencer, call, runtime).
 
 from flowrt.control.bucket import Bucket, Outcome
 from flowrt.control.call import Call
-from flowrt.control.runtime import Context, GCScheduler, Runtime, RuntimeError_
+from flowrt.control.runtime import Context, FlowrtError, GCScheduler, Runtime
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Kind, Reason, Signal
 
-__all__ = ["Bucket", "Call", "Context", "GCScheduler", "Kind", "Outcome", "Reason", "Runtime", "RuntimeError_", "Sequencer", "Signal"]
+__all__ = ["Bucket", "Call", "Context", "FlowrtError", "GCScheduler", "Kind", "Outcome", "Reason", "Runtime", "Sequencer", "Signal"]

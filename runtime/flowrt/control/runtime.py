@@ -30,7 +30,7 @@ from flowrt.control.call import Activation, Call, dispatch_table
 from flowrt.tables import NodeTables, RoleSpec, _node
 
 
-class RuntimeError_(Exception):
+class FlowrtError(Exception):
     """A problem a user can fix: a missing impl, a bad input, an unknown graph."""
 
 
@@ -145,7 +145,7 @@ class Runtime:
             module = importlib.import_module(module_name)
         except ImportError as error:
             where = ", ".join(str(p) for p in self.bundle.python_path) or "the import path"
-            raise RuntimeError_(
+            raise FlowrtError(
                 f"role `{role.name}`: cannot import `{module_name}` ({error}); flowrt looked in {where}. "
                 f"Put `{module_name.replace('.', '/')}.py` beside the .flow file or its parent directory"
             ) from None
@@ -153,7 +153,7 @@ class Runtime:
         for part in class_name.split("."):
             target = getattr(target, part, None)
             if target is None:
-                raise RuntimeError_(f"role `{role.name}`: module `{module_name}` has no `{class_name}`; check `impl` in the .flow file")
+                raise FlowrtError(f"role `{role.name}`: module `{module_name}` has no `{class_name}`; check `impl` in the .flow file")
         return target
 
     def _ordered_sessions(self, tables: dict[str, NodeTables]) -> dict[str, bool]:
@@ -213,11 +213,11 @@ class Runtime:
         """Call a graph; yields its events (stream, return, done) as dicts."""
         plan = self.bundle.plan["graphs"].get(graph)
         if plan is None:
-            raise RuntimeError_(f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.bundle.plan['graphs'])}")
+            raise FlowrtError(f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.bundle.plan['graphs'])}")
         missing = [e for e in plan["entry"] if e not in inputs]
         extra = [k for k in inputs if k not in plan["entry"]]
         if missing or extra:
-            raise RuntimeError_(
+            raise FlowrtError(
                 f"graph `{graph}` takes {', '.join(plan['entry'])}"
                 + (f"; missing {', '.join(missing)}" if missing else "")
                 + (f"; unexpected {', '.join(extra)}" if extra else "")
