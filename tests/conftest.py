@@ -6,10 +6,18 @@ shows up as a readable diff. `make golden` rewrites them; a snapshot no test use
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
+
+# CI (which sets CI=true) replays a fixed, derandomized set of examples so a run is
+# reproducible; local runs draw new examples each time and keep finding new cases.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "golden"
