@@ -129,7 +129,7 @@ def role_spec(name: str, impl: str, resources: dict, interfaces: dict, tables: d
                         timeout_s=config["timeout_s"],
                         batch=_frozen(config["batch"]),
                         stream=bool(config["stream"]),
-                        graphs=MappingProxyType({g: _node(t) for g, t in tables.get(iface, {}).items()}),
+                        graphs=MappingProxyType({g: node_tables(t) for g, t in tables.get(iface, {}).items()}),
                     )
                     for iface, config in interfaces.items()
                 }
@@ -143,7 +143,8 @@ def _frozen(mapping: dict | None) -> MappingProxyType | None:
     return None if mapping is None else MappingProxyType(dict(mapping))
 
 
-def _node(t: dict) -> NodeTables:
+def node_tables(t: dict) -> NodeTables:
+    """Read one node's plan entry (a `TABLES` literal or plan.json) into `NodeTables`."""
     return NodeTables(
         id=t["id"],
         kind=t["kind"],

@@ -7,7 +7,6 @@ hover) read the same model.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flowc.syntax import ast
@@ -184,9 +183,3 @@ class Program:
                 return FlowType(None, depth)
             seen.add(name)
             type_expr = alias.type
-
-    def producer_types(self, field_name: str) -> dict[FlowType, list[Producer]]:
-        by_type: dict[FlowType, list[Producer]] = defaultdict(list)
-        for producer in self.field(field_name).producers:
-            by_type[self.type_of(producer.decl.type)].append(producer)
-        return by_type

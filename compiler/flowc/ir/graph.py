@@ -5,7 +5,7 @@ An edge carries one field from a producer into one OR group (`group`) of a consu
 a single group 0. A node is *live* in a graph when it can ever fire there: an OR group is live
 when every field of it has a live producer (a join when every counted field does); liveness is a
 fixpoint from the graph's entry placeholders, so loops that start from a live branch are live.
-The start node dominates everything live; `dominators` answers "does every path to n pass m".
+The start node dominates everything live; `dominates(m, n)` answers "does every path to n pass m".
 """
 
 from __future__ import annotations
@@ -77,22 +77,25 @@ class GraphIR:
         return nx.immediate_dominators(self.digraph, self.start)
 
     @functools.cached_property
-    def dom_depth(self) -> dict[str, int]:
-        depth = {self.start: 0}
+    def dom_tree(self) -> nx.DiGraph:
+        """The dominator tree: an arc from each node's immediate dominator to it."""
         tree = nx.DiGraph((parent, child) for child, parent in self.idom.items() if child != parent)
         tree.add_node(self.start)
-        for parent, child in nx.bfs_edges(tree, self.start):
+        return tree
+
+    @functools.cached_property
+    def dom_depth(self) -> dict[str, int]:
+        depth = {self.start: 0}
+        for parent, child in nx.bfs_edges(self.dom_tree, self.start):
             depth[child] = depth[parent] + 1
         return depth
 
     @functools.cached_property
     def dom_interval(self) -> dict[str, tuple[int, int]]:
         """Pre/post numbers in the dominator tree: a dominates b iff a's interval holds b's."""
-        tree = nx.DiGraph((parent, child) for child, parent in self.idom.items() if child != parent)
-        tree.add_node(self.start)
         interval: dict[str, list[int]] = {}
         clock = 0
-        for _parent, child, kind in nx.dfs_labeled_edges(tree, self.start):
+        for _parent, child, kind in nx.dfs_labeled_edges(self.dom_tree, self.start):
             if kind == "forward":
                 interval[child] = [clock, 0]
                 clock += 1
@@ -101,7 +104,8 @@ class GraphIR:
                 clock += 1
         return {n: (a, b) for n, (a, b) in interval.items()}
 
-    def dominates_fast(self, a: str, b: str) -> bool:
+    def dominates(self, a: str, b: str) -> bool:
+        """Whether every path from the start to `b` passes through `a` (a node dominates itself)."""
         ia, ib = self.dom_interval[a], self.dom_interval[b]
         return ia[0] <= ib[0] and ib[1] <= ia[1]
 
@@ -118,16 +122,6 @@ class GraphIR:
                     b = idom[b]
             current = a
         return current
-
-    def dominates(self, a: str, b: str) -> bool:
-        idom = self.idom
-        while True:
-            if a == b:
-                return True
-            parent = idom[b]
-            if parent == b:
-                return False
-            b = parent
 
 
 def interface_id(info: InterfaceInfo) -> str:

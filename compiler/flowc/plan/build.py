@@ -216,7 +216,7 @@ def _carried_roots(ir: GraphIR, groups: dict[str, list[GroupPlan]]) -> dict[str,
             stack = [s.producer for s in group.slots]
             while stack:
                 node = stack.pop()
-                if root in needed[node] or not ir.dominates_fast(root, node):
+                if root in needed[node] or not ir.dominates(root, node):
                     continue
                 needed[node].add(root)
                 if node != root:

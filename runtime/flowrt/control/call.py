@@ -158,7 +158,7 @@ class Call:
         self.events.put_nowait(None)
         self.finished.set()
 
-    def cancel(self, reason: str = "cancelled") -> None:
+    def cancel(self) -> None:
         if self.cancelled or self.finished.is_set():
             return
         self.cancelled = True

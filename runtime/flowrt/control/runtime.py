@@ -27,7 +27,7 @@ from typing import Any
 
 from flowrt.bundle import Bundle, load_bundle
 from flowrt.control.call import Activation, Call, dispatch_table
-from flowrt.tables import NodeTables, RoleSpec, _node
+from flowrt.tables import NodeTables, RoleSpec, node_tables
 
 
 class FlowrtError(Exception):
@@ -95,7 +95,7 @@ class Runtime:
         self.bundle = bundle
         self.roles: dict[str, RoleSpec] = bundle.roles
         self.node_tables: dict[str, dict[str, NodeTables]] = {
-            graph: {node_id: _node(node) for node_id, node in plan["nodes"].items()} for graph, plan in bundle.plan["graphs"].items()
+            graph: {node_id: node_tables(node) for node_id, node in plan["nodes"].items()} for graph, plan in bundle.plan["graphs"].items()
         }
         self.session_ordered = {graph: self._ordered_sessions(tables) for graph, tables in self.node_tables.items()}
         self.dispatch = {graph: dispatch_table(tables) for graph, tables in self.node_tables.items()}
