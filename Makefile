@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXAMPLES := $(sort $(wildcard examples/*/pipeline.flow))
 
-.PHONY: all install demo test golden docs lint fmt bench bench-overhead clean
+.PHONY: all install demo test golden docs lint bench bench-overhead clean
 
 all: test
 
@@ -40,7 +40,7 @@ docs: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check compiler runtime stdlib tests bench examples
-	$(PY) -m ruff format --check compiler runtime stdlib tests bench
+	$(PY) -m ruff format --check compiler runtime stdlib tests bench examples
 
 bench: $(STAMP)
 	$(PY) bench/compile_bench.py

@@ -113,7 +113,9 @@ def print_build_table(sizes: list[int]) -> None:
             elapsed = time.perf_counter() - began
             on_disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
             shutil.rmtree(out)
-        print(f"| {size:,} | {elapsed:.2f} s | {len(bundle.files):,} | {on_disk / 2**20:.1f} MiB | {elapsed / size * 1e3:.2f} ms |")
+        print(
+            f"| {size:,} | {elapsed:.2f} s | {len(bundle.files):,} | {on_disk / 2**20:.1f} MiB | {elapsed / size * 1e3:.2f} ms |"
+        )
 
 
 def main() -> int:

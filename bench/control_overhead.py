@@ -77,7 +77,14 @@ async def flowrt_system():
     source = REPO / "examples/image_chat/pipeline.flow"
     out = Path(tempfile.mkdtemp(prefix="flowrt-bench-")) / "bundle"
     build_bundle(check_file(source).program, source, out).write(out)
-    roles = {"frontend": [Frontend(), Frontend()], "embed": [Embed()], "vit": [Vit()], "vae": [Vae()], "llm": [Llm()], "dit": [Dit()]}
+    roles = {
+        "frontend": [Frontend(), Frontend()],
+        "embed": [Embed()],
+        "vit": [Vit()],
+        "vae": [Vae()],
+        "llm": [Llm()],
+        "dit": [Dit()],
+    }
     runtime = await Runtime.open(out, instances=roles)
 
     async def one(session: str) -> int:

@@ -21,11 +21,14 @@ graph g {
 }
 """
 
+
 def test_wheel_ships_grammar_and_stdlib_and_works_without_the_source_tree(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(REPO)],
-        check=True, capture_output=True, timeout=300,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (wheel,) = wheels.glob("flowc-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -38,14 +41,20 @@ def test_wheel_ships_grammar_and_stdlib_and_works_without_the_source_tree(tmp_pa
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     install = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert install.returncode == 0, install.stderr[-2000:]
     (tmp_path / "main.flow").write_text(PROGRAM)
-    result = subprocess.run([str(venv / "bin" / "flowc"), "check", "main.flow"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(venv / "bin" / "flowc"), "check", "main.flow"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "checked 1 file: no problems"
-    build = subprocess.run([str(venv / "bin" / "flowc"), "build", "main.flow", "-o", "out"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    build = subprocess.run(
+        [str(venv / "bin" / "flowc"), "build", "main.flow", "-o", "out"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert build.returncode == 0, build.stderr
 
 

@@ -77,7 +77,11 @@ def _color(option: bool | None) -> bool:
 
 
 _format_option = click.option(
-    "--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
     help="Diagnostics as text for people or JSON for tools.",
 )
 _color_option = click.option("--color/--no-color", default=None, help="Colour the output (default: when a terminal).")
@@ -154,7 +158,9 @@ def fmt(files: tuple[str, ...], check_only: bool, diff: bool, color: bool | None
         if formatted == text:
             continue
         if diff:
-            click.echo("".join(difflib.unified_diff(text.splitlines(True), formatted.splitlines(True), display, display)), nl=False)
+            click.echo(
+                "".join(difflib.unified_diff(text.splitlines(True), formatted.splitlines(True), display, display)), nl=False
+            )
         if check_only or diff:
             click.echo(f"would reformat {display}", err=True)
             failed = True
@@ -235,7 +241,12 @@ def graph(file: str, picture: str, graph_name: str | None, output: str | None, c
 @click.argument("file")
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False), help="Directory to write the bundle to.")
 @click.option(
-    "--target", "targets", type=click.Choice(["local", "ray", "k8s", "all"]), multiple=True, default=("all",), show_default=True,
+    "--target",
+    "targets",
+    type=click.Choice(["local", "ray", "k8s", "all"]),
+    multiple=True,
+    default=("all",),
+    show_default=True,
     help="Deployment manifests to generate (repeatable).",
 )
 @_color_option
@@ -283,11 +294,19 @@ def _prepare_output(out: Path) -> None:
 @main.command()
 @click.argument("target")
 @click.option("--once", "graph_name", metavar="GRAPH", help="Call GRAPH once, print its events as JSON lines, and exit.")
-@click.option("--input", "input_json", default="{}", show_default=True, help="JSON object mapping each entry placeholder to its value, or @FILE.")
+@click.option(
+    "--input",
+    "input_json",
+    default="{}",
+    show_default=True,
+    help="JSON object mapping each entry placeholder to its value, or @FILE.",
+)
 @click.option("--session", help="Session id (calls of one session run one at a time).")
 @click.option("--timeout", type=float, help="Cancel the call after this many seconds (default: the graph's own timeout).")
 @_color_option
-def run(target: str, graph_name: str | None, input_json: str, session: str | None, timeout: float | None, color: bool | None) -> None:
+def run(
+    target: str, graph_name: str | None, input_json: str, session: str | None, timeout: float | None, color: bool | None
+) -> None:
     """Run a bundle (a directory from `flowc build`) or a .flow file (built to a temporary
     bundle first) on the embedded runtime.
 

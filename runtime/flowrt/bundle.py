@@ -45,7 +45,9 @@ def load_bundle(path: Path) -> Bundle:
         module_path = path / entry["module"]
         spec = _import_role(path, name, module_path)
         if spec.name != name:
-            raise BundleError(f"{module_path}: declares role `{spec.name}`, but bundle.json lists it as `{name}`; rebuild the bundle")
+            raise BundleError(
+                f"{module_path}: declares role `{spec.name}`, but bundle.json lists it as `{name}`; rebuild the bundle"
+            )
         roles[name] = spec
     _check_agreement(path, plan, roles)
     return Bundle(path=path, name=manifest.get("name", path.name), manifest=manifest, plan=plan, roles=roles)
@@ -89,23 +91,32 @@ def _check_agreement(path: Path, plan: dict, roles: dict[str, RoleSpec]) -> None
                 raise BundleError(f"{path}/plan.json names `{node_id}`, which no module under nodes/ defines; rebuild the bundle")
             tables = literal.as_literal()[interface].get(graph_name)
             if tables != node:
-                raise BundleError(f"nodes/{role}.py disagrees with plan.json about `{node_id}` in graph `{graph_name}`; rebuild the bundle")
+                raise BundleError(
+                    f"nodes/{role}.py disagrees with plan.json about `{node_id}` in graph `{graph_name}`; rebuild the bundle"
+                )
 
 
 def describe(bundle: Bundle) -> str:
     lines = [f"bundle {bundle.name} (flowc {bundle.manifest.get('flowc_version')}, flowrt {__version__})"]
     for name, graph in sorted(bundle.manifest.get("graphs", {}).items()):
         streams = ", ".join(s["field"] + (" ordered" if s["ordered"] else "") for s in graph["stream"]) or "-"
-        lines.append(f"  graph {name}: entry {', '.join(graph['entry'])}; stream {streams}; return {', '.join(graph['return']) or '-'}")
+        lines.append(
+            f"  graph {name}: entry {', '.join(graph['entry'])}; stream {streams}; return {', '.join(graph['return']) or '-'}"
+        )
     for name, role in sorted(bundle.roles.items()):
-        lines.append(f"  role {name}: {role.impl}, {role.replicas} replica(s), lb {role.lb}, interfaces {', '.join(role.interfaces)}")
+        lines.append(
+            f"  role {name}: {role.impl}, {role.replicas} replica(s), lb {role.lb}, interfaces {', '.join(role.interfaces)}"
+        )
     return "\n".join(lines)
 
 
 def main(path: Path, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {path.name}", description=f"The flowc bundle at {path}.")
     parser.add_argument(
-        "command", nargs="?", default="info", choices=["info", "check", "launch-ray"],
+        "command",
+        nargs="?",
+        default="info",
+        choices=["info", "check", "launch-ray"],
         help="info: what the bundle holds (default); check: load and cross-check every table; launch-ray: start it on Ray",
     )
     args = parser.parse_args(argv)

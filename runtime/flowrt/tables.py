@@ -136,7 +136,9 @@ def role_spec(name: str, impl: str, resources: dict, interfaces: dict, tables: d
             ),
         )
     except (KeyError, TypeError, ValueError) as error:
-        raise TableError(f"tables of role `{name}` are malformed ({type(error).__name__}: {error}); rebuild the bundle with `flowc build`") from None
+        raise TableError(
+            f"tables of role `{name}` are malformed ({type(error).__name__}: {error}); rebuild the bundle with `flowc build`"
+        ) from None
 
 
 def _frozen(mapping: dict | None) -> MappingProxyType | None:
@@ -187,13 +189,17 @@ def _node_literal(n: NodeTables) -> dict[str, Any]:
                 "missing": list(g.missing),
                 "root": g.root,
                 "routing": g.routing,
-                "slots": [{"critical": s.critical, "field": s.field, "producer": s.producer, "stream": s.stream} for s in g.slots],
+                "slots": [
+                    {"critical": s.critical, "field": s.field, "producer": s.producer, "stream": s.stream} for s in g.slots
+                ],
             }
             for g in n.groups
         ],
         "id": n.id,
         "in_cycle": n.in_cycle,
-        "join": None if n.join is None else [{"field": j.field, "threshold": j.threshold, "upstream": list(j.upstream)} for j in n.join],
+        "join": None
+        if n.join is None
+        else [{"field": j.field, "threshold": j.threshold, "upstream": list(j.upstream)} for j in n.join],
         "kind": n.kind,
         "order_source": n.order_source,
         "role": n.role,

@@ -115,7 +115,7 @@ def test_each_module_is_loaded_once(tmp_path):
     write(tmp_path, "base.flow", "placeholder text: Text\n")
     write(tmp_path, "left.flow", "import base\n")
     write(tmp_path, "right.flow", "import base\n")
-    main = "import left\nimport right\n\nrole r {\n    impl \"m:R\"\n    interface run { in text  out t2: Text }\n}\n\ngraph g {\n    entry  text\n    return t2\n}\n"
+    main = 'import left\nimport right\n\nrole r {\n    impl "m:R"\n    interface run { in text  out t2: Text }\n}\n\ngraph g {\n    entry  text\n    return t2\n}\n'
     result = check_file(write(tmp_path, "main.flow", main), "main.flow")
     assert result.ok, codes(result)
     assert [m.path for m in result.program.modules] == ["base.flow", "left.flow", "right.flow", "main.flow"]

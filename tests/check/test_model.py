@@ -59,7 +59,7 @@ graph g {
 
 
 def test_list_types_must_agree():
-    text = "placeholder p: Json\nrole a {\n    impl \"m:A\"\n    interface x { in p  out e: [Text] }\n    interface y { in e: Text  out f: Json }\n}\ngraph g {\n    entry  p\n    return f\n}\n"
+    text = 'placeholder p: Json\nrole a {\n    impl "m:A"\n    interface x { in p  out e: [Text] }\n    interface y { in e: Text  out f: Json }\n}\ngraph g {\n    entry  p\n    return f\n}\n'
     result = check_source(text, "t.flow")
     assert [d.code for d in result.diagnostics] == ["E151"]
 

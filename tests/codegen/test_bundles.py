@@ -40,7 +40,11 @@ def test_builds_are_byte_identical_across_hash_seeds(tmp_path):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         result = subprocess.run(
             [sys.executable, "-m", "flowc", "build", "examples/image_chat/pipeline.flow", "-o", str(out)],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert result.returncode == 0, result.stderr
         outs.append({p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()})
@@ -60,7 +64,9 @@ def test_generated_files_name_their_source_and_hold_no_absolute_paths():
 def test_generated_code_compiles_and_is_ruff_clean():
     dirs = [str(out) for _, out in BUNDLES.values()]
     subprocess.run([sys.executable, "-m", "compileall", "-q", *dirs], check=True, timeout=120)
-    lint = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated", *dirs], capture_output=True, text=True)
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated", *dirs], capture_output=True, text=True
+    )
     assert lint.returncode == 0, lint.stdout
     formatted = subprocess.run(
         [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "--isolated", *dirs], capture_output=True, text=True
@@ -96,7 +102,9 @@ def test_generated_modules_import_with_only_flowrt(example):
     # -S: no site-packages, so neither the compiler nor Lark nor Jinja2 is even installed
     result = subprocess.run([sys.executable, "-S", "-c", BLOCKER, str(out)], capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert int(result.stdout) == len(BUNDLES[example][0].files) - len([f for f in BUNDLES[example][0].files if not f.startswith("nodes/")])
+    assert int(result.stdout) == len(BUNDLES[example][0].files) - len(
+        [f for f in BUNDLES[example][0].files if not f.startswith("nodes/")]
+    )
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.parent.name for p in EXAMPLES])
@@ -113,7 +121,11 @@ def test_module_tables_equal_the_static_plan(path):
     for role_name, role in plan["roles"].items():
         spec = bundle.roles[role_name]
         assert (spec.impl, spec.replicas, spec.lb, spec.gpus, spec.share_gpus_with) == (
-            role["impl"], role["replicas"], role["lb"], role["gpus"], role["share_gpus_with"]
+            role["impl"],
+            role["replicas"],
+            role["lb"],
+            role["gpus"],
+            role["share_gpus_with"],
         )
         assert {n: i.timeout_s for n, i in spec.interfaces.items()} == {n: c["timeout_s"] for n, c in role["interfaces"].items()}
 

@@ -94,7 +94,12 @@ def test_graph_svg_renders_with_graphviz_or_says_how_to_install_it():
     # Without Graphviz on the PATH the command explains how to get it.
     env = {**os.environ, "PATH": ""}
     missing = subprocess.run(
-        [sys.executable, "-m", "flowc", "graph", "--format", "svg", path], capture_output=True, text=True, cwd=REPO, env=env, timeout=60
+        [sys.executable, "-m", "flowc", "graph", "--format", "svg", path],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=60,
     )
     assert missing.returncode == 2
     assert "apt-get install graphviz" in missing.stderr and "Traceback" not in missing.stderr

@@ -126,14 +126,20 @@ def check_against_reference(p: Pipeline) -> None:
             assert group.root == root
             count = {f: sum(1 for _, g2 in slots if g2 == f) for f in fields}
             expected = sorted(
-                (producer, f, count[f] == 1, producer.startswith("r") and p.stream[int(producer[1:].split(".")[0])] and producer != root and root is not None)
+                (
+                    producer,
+                    f,
+                    count[f] == 1,
+                    producer.startswith("r")
+                    and p.stream[int(producer[1:].split(".")[0])]
+                    and producer != root
+                    and root is not None,
+                )
                 for producer, f in slots
             )
             assert sorted((s.producer, s.field, s.critical, s.stream) for s in group.slots) == expected
         assert node.in_cycle == on_a_cycle(graph, p.node(i))
-        assert node.diamond_root == any(
-            g.root == p.node(i) for other in plan.nodes.values() for g in other.groups
-        )
+        assert node.diamond_root == any(g.root == p.node(i) for other in plan.nodes.values() for g in other.groups)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

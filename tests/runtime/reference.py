@@ -114,7 +114,8 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
         b = buckets[(node_id, group_index, key)]
         slots_ = nodes[node_id]["groups"][group_index]["slots"]
         dead_field = any(
-            all(b["state"][i][0] == "unreachable" for i, s in enumerate(slots_) if s["field"] == name) for name in {s["field"] for s in slots_}
+            all(b["state"][i][0] == "unreachable" for i, s in enumerate(slots_) if s["field"] == name)
+            for name in {s["field"] for s in slots_}
         )
         if dead_field or not any(st[0] == "pending" for st in b["state"]):
             finished.add((node_id, group_index, key))

@@ -50,7 +50,16 @@ class Spec:
         ordered = set(self.ordered)
         if self.join:
             items = ", ".join(f"{f}: all" for f in self.join)
-            lines += ["role gather {", '    impl "m:Gather"', "    interface run {", f"        join {{ {items} }}", "        out gathered: Json", "    }", "}", ""]
+            lines += [
+                "role gather {",
+                '    impl "m:Gather"',
+                "    interface run {",
+                f"        join {{ {items} }}",
+                "        out gathered: Json",
+                "    }",
+                "}",
+                "",
+            ]
         lines += ["graph g {", "    entry  request"]
         lines += [f"    stream {f}" + (" ordered" if f in ordered else "") for f in streamed]
         if self.join:
@@ -127,7 +136,10 @@ class Role:
 def normalize(activations):
     # a join passes `all` frames in arrival order, which depends on the schedule: compare sorted
     return sorted(
-        ((node, tuple((k, tuple(sorted(v, key=repr)) if node == "gather.run" else v) for k, v in inputs)) for node, inputs in activations),
+        (
+            (node, tuple((k, tuple(sorted(v, key=repr)) if node == "gather.run" else v) for k, v in inputs))
+            for node, inputs in activations
+        ),
         key=repr,
     )
 
@@ -154,7 +166,9 @@ def check(spec: Spec, seed: int, tmp_path) -> None:
     async def flowrt_run():
         rng = random.Random(seed)
         log: list = []
-        roles = {f"r{i}": [Role(f"r{i}.run", behaviour, rng, log) for _ in range(spec.replicas[i])] for i in range(len(spec.outputs))}
+        roles = {
+            f"r{i}": [Role(f"r{i}.run", behaviour, rng, log) for _ in range(spec.replicas[i])] for i in range(len(spec.outputs))
+        }
         if spec.join:
             roles["gather"] = Role("gather.run", behaviour, rng, log)
         rt = await open_runtime(text, tmp_path, roles)

@@ -22,7 +22,7 @@ graph g {
 }
 """
 
-WORKERS = '''
+WORKERS = """
 import asyncio
 
 
@@ -33,7 +33,7 @@ class Worker:
         if request == "hang":
             await asyncio.Event().wait()
         return {"result": {"echo": request, "session": ctx.session}}
-'''
+"""
 
 
 def flowc(*args, cwd):
@@ -51,7 +51,9 @@ def events(result):
 
 
 def test_ok_call_prints_events_and_exits_zero(tmp_path):
-    result = flowc("run", "pipeline.flow", "--once", "g", "--input", '{"request": "hi"}', "--session", "s9", cwd=project(tmp_path))
+    result = flowc(
+        "run", "pipeline.flow", "--once", "g", "--input", '{"request": "hi"}', "--session", "s9", cwd=project(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     assert events(result) == [
         {"event": "return", "field": "result", "value": {"echo": "hi", "session": "s9"}},
@@ -73,7 +75,9 @@ def test_a_role_error_exits_one_with_the_error_named(tmp_path):
 
 
 def test_a_timeout_is_cancelled(tmp_path):
-    result = flowc("run", "pipeline.flow", "--once", "g", "--input", '{"request": "hang"}', "--timeout", "0.2", cwd=project(tmp_path))
+    result = flowc(
+        "run", "pipeline.flow", "--once", "g", "--input", '{"request": "hang"}', "--timeout", "0.2", cwd=project(tmp_path)
+    )
     assert result.returncode == 1
     assert events(result)[-1]["status"] == "cancelled"
 

@@ -102,14 +102,20 @@ class Sink:
 
 
 def diamond(root_stream: bool, mid_stream: bool) -> str:
-    return DIAMOND.replace("{root_stream}", "stream " if root_stream else "").replace("{mid_stream}", "stream " if mid_stream else "")
+    return DIAMOND.replace("{root_stream}", "stream " if root_stream else "").replace(
+        "{mid_stream}", "stream " if mid_stream else ""
+    )
 
 
 def test_diamond_with_multi_frame_root(tmp_path):
     async def main():
         rng = random.Random(1)
         sink = Sink()
-        rt = await open_runtime(diamond(True, False), tmp_path, {"root": Root(True), "a": [Mid(rng, None) for _ in range(3)], "b": B(rng), "sink": sink})
+        rt = await open_runtime(
+            diamond(True, False),
+            tmp_path,
+            {"root": Root(True), "a": [Mid(rng, None) for _ in range(3)], "b": B(rng), "sink": sink},
+        )
         events = await collect(rt, "g", {"clip": {"frames": 20}})
         assert done(events)["status"] == "ok"
         # one bucket per root frame: both halves of frame i meet, never halves of different frames
@@ -123,7 +129,9 @@ def test_intermediate_multi_frame_accumulates_in_order(tmp_path):
     async def main():
         rng = random.Random(2)
         sink = Sink()
-        rt = await open_runtime(diamond(False, True), tmp_path, {"root": Root(False), "a": [Mid(rng, 7) for _ in range(3)], "b": B(rng), "sink": sink})
+        rt = await open_runtime(
+            diamond(False, True), tmp_path, {"root": Root(False), "a": [Mid(rng, 7) for _ in range(3)], "b": B(rng), "sink": sink}
+        )
         events = await collect(rt, "g", {"clip": {}})
         assert done(events)["status"] == "ok"
         # Case 2: a single root frame, seven frames of `a` arrive as one list, in production order
@@ -137,7 +145,9 @@ def test_both_nested_multi_frame(tmp_path):
     async def main():
         rng = random.Random(3)
         sink = Sink()
-        rt = await open_runtime(diamond(True, True), tmp_path, {"root": Root(True), "a": [Mid(rng, 4) for _ in range(3)], "b": B(rng), "sink": sink})
+        rt = await open_runtime(
+            diamond(True, True), tmp_path, {"root": Root(True), "a": [Mid(rng, 4) for _ in range(3)], "b": B(rng), "sink": sink}
+        )
         events = await collect(rt, "g", {"clip": {"frames": 6}})
         assert done(events)["status"] == "ok"
         # Case 3: one bucket per root frame, each accumulating that frame's four `a` frames
@@ -152,7 +162,9 @@ def test_critical_slot_dead_propagates(tmp_path):
         rng = random.Random(4)
         sink = Sink()
         rt = await open_runtime(
-            diamond(True, False), tmp_path, {"root": Root(True), "a": [Mid(rng, None) for _ in range(3)], "b": B(rng, fail_on=2), "sink": sink}
+            diamond(True, False),
+            tmp_path,
+            {"root": Root(True), "a": [Mid(rng, None) for _ in range(3)], "b": B(rng, fail_on=2), "sink": sink},
         )
         events = await collect(rt, "g", {"clip": {"frames": 5}})
         end = done(events)
@@ -227,7 +239,9 @@ def test_ordered_stream_through_round_robin_stage(tmp_path):
     async def main():
         rng = random.Random(5)
         editor = Editor()
-        rt = await open_runtime(ORDERED, tmp_path, {"writer": Writer(), "stylist": [Stylist(rng) for _ in range(4)], "editor": editor})
+        rt = await open_runtime(
+            ORDERED, tmp_path, {"writer": Writer(), "stylist": [Stylist(rng) for _ in range(4)], "editor": editor}
+        )
         events = await collect(rt, "write", {"prompt": {"n": 1000}})
         assert done(events)["status"] == "ok"
         # the session node released the 1,000 activations strictly in production order even
@@ -250,7 +264,9 @@ def test_the_round_robin_stage_really_finishes_out_of_order(tmp_path):
                 finished.append(token)
                 return result
 
-        rt = await open_runtime(ORDERED, tmp_path, {"writer": Writer(), "stylist": [Tracing(rng) for _ in range(4)], "editor": Editor()})
+        rt = await open_runtime(
+            ORDERED, tmp_path, {"writer": Writer(), "stylist": [Tracing(rng) for _ in range(4)], "editor": Editor()}
+        )
         await collect(rt, "write", {"prompt": {"n": 200}})
         assert finished != sorted(finished)  # so the previous test shows real reordering
         assert_clean(rt)
@@ -408,7 +424,13 @@ def test_or_groups_choose_a_branch_per_frame(tmp_path):
     async def main():
         rng = random.Random(6)
         llm = Llm()
-        roles = {"frontend": Frontend(), "embed": Enc("txt_emb", rng), "vit": Enc("vit_emb", rng), "vae": Enc("vae_lat", rng), "llm": llm}
+        roles = {
+            "frontend": Frontend(),
+            "embed": Enc("txt_emb", rng),
+            "vit": Enc("vit_emb", rng),
+            "vae": Enc("vae_lat", rng),
+            "llm": llm,
+        }
         rt = await open_runtime(BRANCHES, tmp_path, roles)
         segments = "ttiittit"
         events = await collect(rt, "chat", {"request": {"segments": segments}})

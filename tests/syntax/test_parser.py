@@ -65,9 +65,7 @@ def test_comments_are_collected_with_their_kind():
 
 
 def test_values_durations_sizes_strings():
-    module = parse_ok(
-        'global g: KVCache {\n  a 5ms\n  b 2m\n  c 16GiB\n  d "q\\"x\\\\n"\n  e [k, v]\n  f 1.5\n  g all\n}\n'
-    )
+    module = parse_ok('global g: KVCache {\n  a 5ms\n  b 2m\n  c 16GiB\n  d "q\\"x\\\\n"\n  e [k, v]\n  f 1.5\n  g all\n}\n')
     (decl,) = module.decls
     values = {e.key.text: e.values[0] for e in decl.entries}
     assert values["a"].seconds == 0.005

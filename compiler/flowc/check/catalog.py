@@ -1,6 +1,6 @@
 """The catalogue of diagnostic codes as Markdown (docs/diagnostics.md is this module's output).
 
-    python -m flowc.check.catalog > docs/diagnostics.md
+python -m flowc.check.catalog > docs/diagnostics.md
 """
 
 from __future__ import annotations

@@ -84,7 +84,9 @@ class _Loader:
             if key in self.active:
                 chain = " → ".join(p.stem for p in self.active[self.active.index(key) :]) + f" → {key.stem}"
                 self.diagnostics.append(
-                    Diagnostic("E102", f"import cycle: {chain}", decl.span, "move the shared declarations into a module both can import")
+                    Diagnostic(
+                        "E102", f"import cycle: {chain}", decl.span, "move the shared declarations into a module both can import"
+                    )
                 )
                 return None
             if key in self.done:
@@ -92,7 +94,14 @@ class _Loader:
             try:
                 text = candidate.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as error:
-                self.diagnostics.append(Diagnostic("E103", f"cannot read `{display}`: {error}", decl.span, "check the file's permissions and encoding (UTF-8)"))
+                self.diagnostics.append(
+                    Diagnostic(
+                        "E103",
+                        f"cannot read `{display}`: {error}",
+                        decl.span,
+                        "check the file's permissions and encoding (UTF-8)",
+                    )
+                )
                 return None
             self.load(candidate, display, text, decl.dotted, is_root=False)
             return display

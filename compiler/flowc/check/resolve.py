@@ -105,11 +105,7 @@ def _index_fields(program: Program) -> None:
         for clause in interface.in_clauses:
             for group in clause.groups:
                 for ref in group.inputs:
-                    get(ref.field.text).consumers.append(
-                        Consumer(interface.role, interface.name, ref.field, ref.source, ref)
-                    )
+                    get(ref.field.text).consumers.append(Consumer(interface.role, interface.name, ref.field, ref.source, ref))
         for join in interface.join_clauses:
             for item in join.items:
-                get(item.field.text).consumers.append(
-                    Consumer(interface.role, interface.name, item.field, item.source, item)
-                )
+                get(item.field.text).consumers.append(Consumer(interface.role, interface.name, item.field, item.source, item))

@@ -111,7 +111,16 @@ def local_view(plan: StaticPlan) -> LocalView:
     return LocalView(
         name=_k8s_name(plan.flow),
         roles=tuple(
-            LocalRoleView(r.name, f"nodes/{r.name}.py", r.impl or "", r.replicas, r.lb, r.gpus, r.share_gpus_with, tuple(sorted(r.interfaces)))
+            LocalRoleView(
+                r.name,
+                f"nodes/{r.name}.py",
+                r.impl or "",
+                r.replicas,
+                r.lb,
+                r.gpus,
+                r.share_gpus_with,
+                tuple(sorted(r.interfaces)),
+            )
             for r in plan.roles.values()
         ),
     )
@@ -221,10 +230,14 @@ def k8s_view(plan: StaticPlan, version: str) -> K8sView:
             groups.append(WorkerGroupView("cpu", replicas, 0, 2, "8Gi", RAY_IMAGE, (("num-cpus", "2"),)))
         else:
             groups.append(
-                WorkerGroupView(f"gpu{gpus}", replicas, gpus, 4 * gpus, f"{16 * gpus}Gi", f"{RAY_IMAGE}-gpu", (("num-gpus", str(gpus)),))
+                WorkerGroupView(
+                    f"gpu{gpus}", replicas, gpus, 4 * gpus, f"{16 * gpus}Gi", f"{RAY_IMAGE}-gpu", (("num-gpus", str(gpus)),)
+                )
             )
     env = {"working_dir": BUNDLE_PATH_IN_IMAGE, "env_vars": {"FLOWRT_BUNDLE_NAME": plan.flow, "FLOWRT_REGISTRY": "ray"}}
-    env_yaml = ["working_dir: " + BUNDLE_PATH_IN_IMAGE, "env_vars:"] + [f"  {k}: {json.dumps(v)}" for k, v in sorted(env["env_vars"].items())]
+    env_yaml = ["working_dir: " + BUNDLE_PATH_IN_IMAGE, "env_vars:"] + [
+        f"  {k}: {json.dumps(v)}" for k, v in sorted(env["env_vars"].items())
+    ]
     return K8sView(
         name=_k8s_name(plan.flow),
         ray_version=RAY_VERSION,

@@ -176,9 +176,11 @@ def _edges(program: Program, graph: GraphInfo, nodes: dict[str, Node], start: st
     edges = [Edge(start, f"${e.text}", e.text, 0, e.span) for e in graph.entries if f"${e.text}" in nodes]
     for info in program.interfaces():
         target = info.qualname
-        refs = [(0, item.field, item.source) for item in info.join.items] if info.join else [
-            (g, ref.field, ref.source) for g, group in enumerate(info.groups) for ref in group.inputs
-        ]
+        refs = (
+            [(0, item.field, item.source) for item in info.join.items]
+            if info.join
+            else [(g, ref.field, ref.source) for g, group in enumerate(info.groups) for ref in group.inputs]
+        )
         for group, ref, source in refs:
             name = ref.text
             if source is None and name in program.placeholders:

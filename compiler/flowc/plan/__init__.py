@@ -3,4 +3,15 @@
 from flowc.plan.build import build_plan, plan_graph
 from flowc.plan.model import GraphPlan, GroupPlan, JoinField, NodePlan, RolePlan, Slot, StaticPlan, Target
 
-__all__ = ["GraphPlan", "GroupPlan", "JoinField", "NodePlan", "RolePlan", "Slot", "StaticPlan", "Target", "build_plan", "plan_graph"]
+__all__ = [
+    "GraphPlan",
+    "GroupPlan",
+    "JoinField",
+    "NodePlan",
+    "RolePlan",
+    "Slot",
+    "StaticPlan",
+    "Target",
+    "build_plan",
+    "plan_graph",
+]

@@ -71,7 +71,11 @@ def mermaid(graph: GraphPlan) -> str:
     for source, target, fields, back in _edges(graph):
         arrow = f"-. {fields} .->" if back else f"-- {fields} -->"
         lines.append(f"    {_safe(source)} {arrow} {_safe(target)}")
-    for cls, style in (("bucket", "fill:#fff3cd,stroke:#b8860b"), ("join", "fill:#e2f0d9,stroke:#2e7d32"), ("session", "stroke:#1565c0,stroke-width:3px")):
+    for cls, style in (
+        ("bucket", "fill:#fff3cd,stroke:#b8860b"),
+        ("join", "fill:#e2f0d9,stroke:#2e7d32"),
+        ("session", "stroke:#1565c0,stroke-width:3px"),
+    ):
         members = [_safe(n.id) for n in graph.nodes.values() if _has_class(n, cls)]
         if members:
             lines.append(f"    classDef {cls} {style}")

@@ -35,7 +35,16 @@ def _graph(graph: GraphPlan) -> list[str]:
 
 def node_lines(node: NodePlan) -> list[str]:
     """A node's plan in a few lines (also the comments of generated node modules)."""
-    marks = [m for m, on in (("session", node.session), ("stream", node.stream), ("diamond root", node.diamond_root), ("in loop", node.in_cycle)) if on]
+    marks = [
+        m
+        for m, on in (
+            ("session", node.session),
+            ("stream", node.stream),
+            ("diamond root", node.diamond_root),
+            ("in loop", node.in_cycle),
+        )
+        if on
+    ]
     head = f"  {node.id}" + (f"  [{', '.join(marks)}]" if marks else "")
     lines = [head]
     for group in node.groups:
@@ -57,7 +66,9 @@ def node_lines(node: NodePlan) -> list[str]:
             lines.append(f"    join {join.field}: {join.threshold}")
     for field, targets in node.control.items():
         shown = ", ".join(
-            "caller" if t.node == "caller" else f"{t.node}/{t.group}#{t.slot} aid {t.aid_rule}" + (f"({t.root})" if t.root else "")
+            "caller"
+            if t.node == "caller"
+            else f"{t.node}/{t.group}#{t.slot} aid {t.aid_rule}" + (f"({t.root})" if t.root else "")
             for t in targets
         )
         lines.append(f"    out {field} -> {shown or 'nobody'}")

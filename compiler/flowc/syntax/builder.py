@@ -229,9 +229,7 @@ class AstBuilder(Transformer):
 
     def duration_value(self, children: list) -> ast.DurationValue:
         number, unit = _NUMBER_UNIT.fullmatch(str(children[0])).groups()  # type: ignore[union-attr]
-        return ast.DurationValue(
-            text=str(children[0]), seconds=float(number) * _DURATION_UNITS[unit], span=_span(children)
-        )
+        return ast.DurationValue(text=str(children[0]), seconds=float(number) * _DURATION_UNITS[unit], span=_span(children))
 
     def size_value(self, children: list) -> ast.SizeValue:
         number, unit = _NUMBER_UNIT.fullmatch(str(children[0])).groups()  # type: ignore[union-attr]

@@ -143,9 +143,7 @@ class SyntaxErrorTranslator:
             what = "end of file"
             offset = len(text)
         else:
-            span = Span(
-                file, token.start_pos, token.end_pos, token.line, token.column, token.end_line, token.end_column
-            )
+            span = Span(file, token.start_pos, token.end_pos, token.line, token.column, token.end_line, token.end_column)
             what = self._describe(token)
             offset = token.start_pos
         blocks = [b for b in open_blocks(masked, offset) if b.opener == "{"]
@@ -153,7 +151,9 @@ class SyntaxErrorTranslator:
         notes: tuple[Note, ...] = ()
         if innermost is not None and "RBRACE" in expected and (token is None or self._starts_declaration(token)):
             opened = point(file, text, innermost.offset)
-            opened = Span(file, innermost.offset, innermost.offset + 1, opened.line, opened.column, opened.line, opened.column + 1)
+            opened = Span(
+                file, innermost.offset, innermost.offset + 1, opened.line, opened.column, opened.line, opened.column + 1
+            )
             message = f"expected `}}` to close `{innermost.label}` opened at line {opened.line}"
             if token is not None:
                 message += f", found {what}"

@@ -67,7 +67,17 @@ def _parse(text: str, file: str) -> ParseResult:
     if deep is not None:
         span = point(file, text, deep)
         span = Span(file, deep, deep + 1, span.line, span.column, span.line, span.column + 1)
-        return ParseResult(None, [Diagnostic("E006", "brackets are nested too deeply", span, hint="flatten the nesting; at most 32 levels of `[` and `{` are allowed")])
+        return ParseResult(
+            None,
+            [
+                Diagnostic(
+                    "E006",
+                    "brackets are nested too deeply",
+                    span,
+                    hint="flatten the nesting; at most 32 levels of `[` and `{` are allowed",
+                )
+            ],
+        )
 
     syntax_errors: list[Diagnostic] = []
     attempt = text

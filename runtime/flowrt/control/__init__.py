@@ -10,4 +10,16 @@ from flowrt.control.runtime import Context, FlowrtError, GCScheduler, Runtime
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Kind, Reason, Signal
 
-__all__ = ["Bucket", "Call", "Context", "FlowrtError", "GCScheduler", "Kind", "Outcome", "Reason", "Runtime", "Sequencer", "Signal"]
+__all__ = [
+    "Bucket",
+    "Call",
+    "Context",
+    "FlowrtError",
+    "GCScheduler",
+    "Kind",
+    "Outcome",
+    "Reason",
+    "Runtime",
+    "Sequencer",
+    "Signal",
+]

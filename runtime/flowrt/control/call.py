@@ -188,7 +188,9 @@ class Call:
         if group.routing == "direct" and len(group.slots) == 1:
             # one slot filled by one frame: the bucket would resolve on this very signal
             if signal.kind is Kind.ARRIVED:
-                self._resolved(target.node, target.group, Outcome(True, {signal.field: signal.value}, None, signal.roots, signal.seq, None))
+                self._resolved(
+                    target.node, target.group, Outcome(True, {signal.field: signal.value}, None, signal.roots, signal.seq, None)
+                )
             else:
                 reason = signal.reason or Reason.EMPTY
                 self._resolved(target.node, target.group, Outcome(False, {}, reason, signal.roots, signal.seq, signal.origin))
@@ -230,7 +232,9 @@ class Call:
             if join.threshold is not None:
                 complete &= len(got) >= join.threshold
             else:
-                complete &= final or all(self.running_by_node[n] == 0 for n in join.upstream) and not self._pending_at(join.upstream)
+                complete &= (
+                    final or all(self.running_by_node[n] == 0 for n in join.upstream) and not self._pending_at(join.upstream)
+                )
         if not complete:
             if final:
                 del self.joins[node]
@@ -368,7 +372,9 @@ class Call:
             for target in targets:
                 if target.aid_rule == "join":
                     continue
-                signal = Signal(Kind.UNREACHABLE, name, self._key(act, target, roots, 0), target.slot, None, roots, seq, reason, origin)
+                signal = Signal(
+                    Kind.UNREACHABLE, name, self._key(act, target, roots, 0), target.slot, None, roots, seq, reason, origin
+                )
                 self.deliver(target, signal)
 
     def _end_streams(self, act: Activation, tables: NodeTables, streams: dict, reason: Reason | None) -> None:
@@ -379,9 +385,9 @@ class Call:
             if delivered and reason is None:
                 self.deliver(target, Signal(Kind.SLOT_EOS, name, key, slot))
             else:
-                self.deliver(target, Signal(Kind.UNREACHABLE, name, key, slot, None, (), 0, reason or Reason.EMPTY, (act.node, act.aid)))
-
-
+                self.deliver(
+                    target, Signal(Kind.UNREACHABLE, name, key, slot, None, (), 0, reason or Reason.EMPTY, (act.node, act.aid))
+                )
 
     # ── the caller ──
 

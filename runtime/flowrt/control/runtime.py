@@ -95,7 +95,8 @@ class Runtime:
         self.bundle = bundle
         self.roles: dict[str, RoleSpec] = bundle.roles
         self.node_tables: dict[str, dict[str, NodeTables]] = {
-            graph: {node_id: node_tables(node) for node_id, node in plan["nodes"].items()} for graph, plan in bundle.plan["graphs"].items()
+            graph: {node_id: node_tables(node) for node_id, node in plan["nodes"].items()}
+            for graph, plan in bundle.plan["graphs"].items()
         }
         self.session_ordered = {graph: self._ordered_sessions(tables) for graph, tables in self.node_tables.items()}
         self.dispatch = {graph: dispatch_table(tables) for graph, tables in self.node_tables.items()}
@@ -153,7 +154,9 @@ class Runtime:
         for part in class_name.split("."):
             target = getattr(target, part, None)
             if target is None:
-                raise FlowrtError(f"role `{role.name}`: module `{module_name}` has no `{class_name}`; check `impl` in the .flow file")
+                raise FlowrtError(
+                    f"role `{role.name}`: module `{module_name}` has no `{class_name}`; check `impl` in the .flow file"
+                )
         return target
 
     def _ordered_sessions(self, tables: dict[str, NodeTables]) -> dict[str, bool]:
@@ -187,8 +190,14 @@ class Runtime:
             if method is None:
                 raise AttributeError(f"{type(instance).__name__} has no method `{interface}`")
             ctx = Context(
-                call.session, call.call_id, call.graph, role_name, interface,
-                {name: self.globals[(call.session, name)] for name in role.uses}, self.log, replica,
+                call.session,
+                call.call_id,
+                call.graph,
+                role_name,
+                interface,
+                {name: self.globals[(call.session, name)] for name in role.uses},
+                self.log,
+                replica,
             )
             results.append((replica, method(ctx, **act.inputs)))
         for index, (replica, result) in enumerate(results):
@@ -209,11 +218,15 @@ class Runtime:
 
     # ── calls ──
 
-    async def call(self, graph: str, inputs: dict[str, Any], session: str | None = None, timeout: float | None = None) -> AsyncIterator[dict]:
+    async def call(
+        self, graph: str, inputs: dict[str, Any], session: str | None = None, timeout: float | None = None
+    ) -> AsyncIterator[dict]:
         """Call a graph; yields its events (stream, return, done) as dicts."""
         plan = self.bundle.plan["graphs"].get(graph)
         if plan is None:
-            raise FlowrtError(f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.bundle.plan['graphs'])}")
+            raise FlowrtError(
+                f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.bundle.plan['graphs'])}"
+            )
         missing = [e for e in plan["entry"] if e not in inputs]
         extra = [k for k in inputs if k not in plan["entry"]]
         if missing or extra:

@@ -21,7 +21,14 @@ class DuplicateDeclarations(Check):
 
     def run(self, program: Program) -> Iterator[Diagnostic]:
         for (kind, name, _), (_, first, _) in repeats(program.declarations, lambda d: (_namespace(d[0]), d[1].text)):
-            yield repeated("E110", f"{kind} `{name.text}` is declared twice", name, first, "rename or remove one of them", "first declared here")
+            yield repeated(
+                "E110",
+                f"{kind} `{name.text}` is declared twice",
+                name,
+                first,
+                "rename or remove one of them",
+                "first declared here",
+            )
         for role in program.roles.values():
             names = [i.name for i in role.decl.items if isinstance(i, ast.Interface)]
             for name, first in repeats(names, text):
@@ -78,14 +85,25 @@ class TypeNames(Check):
         for type_expr in all_type_exprs(program):
             name = _base_name(type_expr)
             if name.text not in known:
-                hint = schema.did_you_mean(name.text, known) or f"the builtin types are {', '.join(BUILTIN_TYPES)}; declare others with `type Name = ...`"
+                hint = (
+                    schema.did_you_mean(name.text, known)
+                    or f"the builtin types are {', '.join(BUILTIN_TYPES)}; declare others with `type Name = ...`"
+                )
                 yield Diagnostic("E112", f"unknown type `{name.text}`", name.span, hint)
         for alias in program.aliases.values():
             if alias.name.text in BUILTIN_TYPES:
-                yield Diagnostic("E114", f"type alias `{alias.name.text}` redefines a builtin type", alias.name.span, "choose another name for the alias")
+                yield Diagnostic(
+                    "E114",
+                    f"type alias `{alias.name.text}` redefines a builtin type",
+                    alias.name.span,
+                    "choose another name for the alias",
+                )
             elif self._cycles(program, alias):
                 yield Diagnostic(
-                    "E113", f"type alias `{alias.name.text}` refers to itself", alias.name.span, "an alias must end in a builtin type such as `Tensor`"
+                    "E113",
+                    f"type alias `{alias.name.text}` refers to itself",
+                    alias.name.span,
+                    "an alias must end in a builtin type such as `Tensor`",
                 )
 
     def _cycles(self, program: Program, alias: ast.TypeAlias) -> bool:
@@ -126,7 +144,12 @@ class Globals(Check):
                 hint = schema.did_you_mean(decl.kind.text, schema.GLOBAL_KINDS) or f"the kinds of global are {kinds}"
                 yield Diagnostic("E115", f"unknown kind of global `{decl.kind.text}`", decl.kind.span, hint)
             if decl.name.text not in used:
-                yield Diagnostic("W181", f"global `{decl.name.text}` is not used by any role", decl.name.span, f"add `uses {decl.name.text}` to the roles that need it, or remove it")
+                yield Diagnostic(
+                    "W181",
+                    f"global `{decl.name.text}` is not used by any role",
+                    decl.name.span,
+                    f"add `uses {decl.name.text}` to the roles that need it, or remove it",
+                )
 
 
 def _flat_values(setting: ast.Setting | None) -> list[ast.Value]:
@@ -163,7 +186,7 @@ class Settings(Check):
 
 @register
 class Impl(Check):
-    codes = {"E125": "`impl` is not \"module:Class\"", "E126": "role without `impl`"}
+    codes = {"E125": '`impl` is not "module:Class"', "E126": "role without `impl`"}
 
     def run(self, program: Program) -> Iterator[Diagnostic]:
         for role in program.roles.values():
@@ -179,7 +202,7 @@ class Impl(Check):
             elif isinstance(impl, str) and not _IMPL.fullmatch(impl):
                 yield Diagnostic(
                     "E125",
-                    f"`impl` of role `{role.name}` must look like \"package.module:Class\", not \"{impl}\"",
+                    f'`impl` of role `{role.name}` must look like "package.module:Class", not "{impl}"',
                     setting.values[0].span,
                     "separate the module path and the class name with one `:`",
                 )

@@ -77,11 +77,17 @@ class SourceRestrictions(Check):
             hint = schema.did_you_mean(source.interface.text, role.interfaces) or (
                 f"role `{role.name}` has interfaces {', '.join(f'`{i}`' for i in role.interfaces) or 'none'}"
             )
-            yield Diagnostic("E118", f"role `{role.name}` has no interface `{source.interface.text}`", source.interface.span, hint)
+            yield Diagnostic(
+                "E118", f"role `{role.name}` has no interface `{source.interface.text}`", source.interface.span, hint
+            )
             return
         if field not in {o.name.text for o in interface.outputs}:
             producers = [f"`{p.role}.{p.interface}`" for p in program.field(field).producers]
-            hint = f"`{field}` is produced by {', '.join(producers)}" if producers else f"add `{field}` to the `out` of `{interface.qualname}`"
+            hint = (
+                f"`{field}` is produced by {', '.join(producers)}"
+                if producers
+                else f"add `{field}` to the `out` of `{interface.qualname}`"
+            )
             yield Diagnostic(
                 "E141",
                 f"`{interface.qualname}` does not produce `{field}`",
@@ -126,4 +132,6 @@ class UnusedValues(Check):
             if decl.span.file != root:
                 continue
             if name not in entries and not program.field(name).consumers:
-                yield Diagnostic("W144", f"placeholder `{name}` is never used", decl.name.span, f"add `entry {name}` to a graph, or remove it")
+                yield Diagnostic(
+                    "W144", f"placeholder `{name}` is never used", decl.name.span, f"add `entry {name}` to a graph, or remove it"
+                )

@@ -136,7 +136,9 @@ class Reachability(Check):
                     )
         for name, plan in _plans(program).items():
             clauses = {c.field.name.text: c for c in irs[name].info.streams}
-            for output, declared in zip(plan.outputs, [c.field for c in irs[name].info.streams] + irs[name].info.returns, strict=True):
+            for output, declared in zip(
+                plan.outputs, [c.field for c in irs[name].info.streams] + irs[name].info.returns, strict=True
+            ):
                 if not output.producers:
                     yield Diagnostic(
                         "E208",
@@ -208,8 +210,6 @@ def _once_per_frame(plan, node_id: str, root: str, memo: dict) -> bool:
             upstream = [producer]
         else:
             upstream = [group.root]
-        result = all(
-            u == root or (not plan.nodes[u].stream and _once_per_frame(plan, u, root, memo)) for u in upstream
-        )
+        result = all(u == root or (not plan.nodes[u].stream and _once_per_frame(plan, u, root, memo)) for u in upstream)
     memo[key] = result
     return result

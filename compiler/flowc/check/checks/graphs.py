@@ -30,7 +30,9 @@ class GraphEntries(Check):
                     "add `entry PLACEHOLDER` naming the value given when the graph is called",
                 )
             for entry, first in repeats(graph.entries, text):
-                yield repeated("E176", f"`{entry.text}` is an entry of graph `{graph.name}` twice", entry, first, "remove the repetition")
+                yield repeated(
+                    "E176", f"`{entry.text}` is an entry of graph `{graph.name}` twice", entry, first, "remove the repetition"
+                )
             for entry in unique(graph.entries, text):
                 if entry.text not in program.placeholders:
                     yield self._not_placeholder(program, graph, entry)
@@ -76,5 +78,10 @@ class GraphOutputs(Check):
                 if not program.field(name.text).producers:
                     if candidates is None:
                         candidates = {n for n, i in program.fields.items() if i.producers}
-                    hint = schema.did_you_mean(name.text, candidates) or f"add `{name.text}` to the `out` of the interface that computes it"
-                    yield Diagnostic("E172", f"graph `{graph.name}` outputs `{name.text}`, which no interface produces", name.span, hint)
+                    hint = (
+                        schema.did_you_mean(name.text, candidates)
+                        or f"add `{name.text}` to the `out` of the interface that computes it"
+                    )
+                    yield Diagnostic(
+                        "E172", f"graph `{graph.name}` outputs `{name.text}`, which no interface produces", name.span, hint
+                    )

@@ -24,7 +24,10 @@ class InterfaceShape(Check):
         for role in program.roles.values():
             if not role.interfaces:
                 yield Diagnostic(
-                    "W135", f"role `{role.name}` has no interfaces and can never run", role.decl.name.span, "add `interface NAME { in ... out ... }`"
+                    "W135",
+                    f"role `{role.name}` has no interfaces and can never run",
+                    role.decl.name.span,
+                    "add `interface NAME { in ... out ... }`",
                 )
             for interface in role.interfaces.values():
                 yield from self._shape(interface)

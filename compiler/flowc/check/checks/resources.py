@@ -68,7 +68,12 @@ class SharedGpus(Check):
             yield unknown_role(program, share.target)
             return
         if target.name == role.name:
-            yield Diagnostic("E160", f"role `{role.name}` shares GPUs with itself", share.target.span, "name the layer-0 role whose cards it runs on")
+            yield Diagnostic(
+                "E160",
+                f"role `{role.name}` shares GPUs with itself",
+                share.target.span,
+                "name the layer-0 role whose cards it runs on",
+            )
         elif target.shares:
             yield Diagnostic(
                 "E160",

@@ -59,7 +59,9 @@ class AnnotatedTypes(Check):
             annotated = [c.field for c in graph.streams] + graph.returns
             for graph_field in annotated:
                 if graph_field.type is not None:
-                    yield from self._compare(program, "E152", graph_field.name.text, graph_field.type, f"graph `{graph.name}` declares")
+                    yield from self._compare(
+                        program, "E152", graph_field.name.text, graph_field.type, f"graph `{graph.name}` declares"
+                    )
 
     def _compare(self, program: Program, code: str, name: str, annotation: ast.TypeExpr, who: str) -> Iterator[Diagnostic]:
         expected = program.type_of(annotation)
