@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -56,6 +57,15 @@ def test_wheel_ships_grammar_and_stdlib_and_works_without_the_source_tree(tmp_pa
         [str(venv / "bin" / "flowc"), "build", "main.flow", "-o", "out"], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert build.returncode == 0, build.stderr
+    # the language server's dependencies come with the wheel too: it answers initialize and shutdown
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}},
+        {"jsonrpc": "2.0", "id": 2, "method": "shutdown", "params": None},
+        {"jsonrpc": "2.0", "method": "exit", "params": None},
+    ]
+    frames = b"".join(b"Content-Length: %d\r\n\r\n%s" % (len(body), body) for body in (json.dumps(m).encode() for m in messages))
+    lsp = subprocess.run([str(venv / "bin" / "flowc"), "lsp"], input=frames, capture_output=True, timeout=60)
+    assert b'"name": "flowc"' in lsp.stdout and b'"hoverProvider": true' in lsp.stdout, lsp.stdout + lsp.stderr
 
 
 def test_runtime_imports_no_compiler_machinery():

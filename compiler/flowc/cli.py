@@ -341,6 +341,22 @@ def run(
     sys.exit(EXIT_OK if status == "ok" else EXIT_ERRORS)
 
 
+@main.command()
+@click.option("--stdio", is_flag=True, help="Talk over stdin and stdout (the default and only transport).")
+def lsp(stdio: bool) -> None:
+    """Run the language server for editors (Language Server Protocol over stdio).
+
+    \b
+    Diagnostics on open, change and save; hover, go to definition, references,
+    completion, document symbols and formatting. Editors start it; see editors/vscode/.
+    """
+    try:
+        from flowc.lsp.server import main as serve
+    except ImportError as error:  # pygls is a dependency; a broken install gets a fix, not a traceback
+        raise click.ClickException(f"the language server needs pygls ({error}); reinstall flowc: pip install flowc") from None
+    serve()
+
+
 def _parse_input(text: str) -> dict:
     if text.startswith("@"):
         try:

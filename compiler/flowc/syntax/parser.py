@@ -53,6 +53,12 @@ def _parser() -> tuple[Lark, SyntaxErrorTranslator]:
     return lark, SyntaxErrorTranslator(lark)
 
 
+def keywords() -> tuple[str, ...]:
+    """The reserved words of the language, read from the grammar (editors and completion use them)."""
+    lark, _ = _parser()
+    return tuple(sorted({t.pattern.value for t in lark.terminals if t.pattern.type == "str" and t.pattern.value.isalpha()}))
+
+
 def parse(text: str, file: str = "<input>") -> ParseResult:
     """Parse `text`; `module` is None when the file has syntax errors."""
     with gc_paused():
