@@ -10,9 +10,10 @@ the call is empty, which `statistics()` lets tests assert.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("flowrt")
 CALLER = "caller"
-# how an out edge is treated when a frame is dispatched (precomputed per node by the Runtime)
-PLAIN, STREAM_SLOT, JOIN, TO_CALLER = "plain", "stream_slot", "join", "caller"
+# how an out edge is treated when a frame is dispatched (precomputed per node by the Runtime);
+# DIRECT is a one-slot direct group: a frame fires it at once, no bucket needed
+PLAIN, DIRECT, STREAM_SLOT, JOIN, TO_CALLER = "plain", "direct", "stream_slot", "join", "caller"
 
 
 def dispatch_table(tables: dict[str, NodeTables]) -> dict[str, tuple]:
@@ -44,6 +46,8 @@ def dispatch_table(tables: dict[str, NodeTables]) -> dict[str, tuple]:
                     kind = JOIN
                 elif tables[target.node].groups[target.group].slots[target.slot].stream:
                     kind = STREAM_SLOT
+                elif _single_direct(tables[target.node].groups[target.group]):
+                    kind = DIRECT
                 else:
                     kind = PLAIN
                 classified.append((target, kind))
@@ -52,7 +56,7 @@ def dispatch_table(tables: dict[str, NodeTables]) -> dict[str, tuple]:
     return result
 
 
-@dataclass
+@dataclass(slots=True)
 class Activation:
     node: str
     group: int
@@ -60,6 +64,8 @@ class Activation:
     inputs: dict[str, Any]
     roots: tuple
     seq: int
+    replicas: tuple[int, ...] = ()  # the replicas it runs on (set when it starts)
+    yielded: int = 0  # frames produced so far
 
 
 @dataclass
@@ -85,10 +91,12 @@ class Call:
         self.graph = graph
         self.plan = runtime.bundle.plan["graphs"][graph]
         self.tables: dict[str, NodeTables] = runtime.node_tables[graph]
+        self.dispatch = runtime.dispatch[graph]
         self.inputs = inputs
         self.session = session
         self.call_id = call_id
-        self.events: asyncio.Queue[dict | None] = asyncio.Queue()
+        self.outbox: deque[dict | None] = deque()  # events for the caller; None ends the call
+        self._outbox_waiter: asyncio.Future | None = None
         self.errors: list[dict[str, str]] = []
         self.buckets: dict[tuple, Bucket] = {}
         self.resolved: set[tuple] = set()  # keys of buckets that fired or died, so late signals are dropped
@@ -107,6 +115,7 @@ class Call:
         outputs = self.plan["outputs"]
         self.caller = CallerState(ordered={o["field"]: o["ordered"] for o in outputs if o["kind"] == "stream"})
         self.returns = [o["field"] for o in outputs if o["kind"] == "return"]
+        self.return_fields = frozenset(self.returns)
         self.activations: list[tuple[str, int]] = []  # (node, group) of every activation, for tests
 
     # ── start and completion ──
@@ -154,8 +163,8 @@ class Call:
         self.joins_done.clear()
         self.running_by_node.clear()
         self.seen_unreachable.clear()
-        self.events.put_nowait({"event": "done", "status": status, "errors": list(self.errors), "missing": missing})
-        self.events.put_nowait(None)
+        self._emit({"event": "done", "status": status, "errors": list(self.errors), "missing": missing})
+        self._emit(None)
         self.finished.set()
 
     def cancel(self) -> None:
@@ -188,9 +197,10 @@ class Call:
         if group.routing == "direct" and len(group.slots) == 1:
             # one slot filled by one frame: the bucket would resolve on this very signal
             if signal.kind is Kind.ARRIVED:
-                self._resolved(
-                    target.node, target.group, Outcome(True, {signal.field: signal.value}, None, signal.roots, signal.seq, None)
+                act = Activation(
+                    target.node, target.group, next(self.aids), {signal.field: signal.value}, signal.roots, signal.seq
                 )
+                self._schedule(act)
             else:
                 reason = signal.reason or Reason.EMPTY
                 self._resolved(target.node, target.group, Outcome(False, {}, reason, signal.roots, signal.seq, signal.origin))
@@ -292,16 +302,16 @@ class Call:
         tables = self.tables[act.node]
         role, interface = act.node.split(".", 1)
         streams: dict[tuple, bool] = {}
-        yielded = 0
         reason: Reason | None = None
         try:
             if self.cancelled:
                 raise asyncio.CancelledError
             timeout = self.runtime.roles[role].interfaces[interface].timeout_s
-            async with asyncio.timeout(timeout):
-                async for frame in self.runtime.invoke(role, interface, self, act):
-                    self._dispatch_frame(act, frame, yielded, streams)
-                    yielded += 1
+            if timeout is None:
+                await self._produce(act, role, interface, streams)
+            else:
+                async with asyncio.timeout(timeout):
+                    await self._produce(act, role, interface, streams)
         except TimeoutError:
             reason = Reason.CANCEL
             self.errors.append({"role": role, "interface": interface, "message": f"timed out after {timeout:g}s"})
@@ -313,16 +323,40 @@ class Call:
             self.errors.append({"role": role, "interface": interface, "message": f"{type(error).__name__}: {error}"})
             log.debug("role %s.%s raised", role, interface, exc_info=True)
         finally:
-            if yielded == 0:
+            if act.yielded == 0:
                 self._dispatch_phantom(act, reason or Reason.EMPTY, (act.node, act.aid))
             self._end_streams(act, tables, streams, reason)
             self.running_by_node[act.node] -= 1
             self.running -= 1
             self._activation_done(act, ran=True)
 
+    async def _produce(self, act: Activation, role: str, interface: str, streams: dict) -> None:
+        """Run the user's method and dispatch each frame as it comes (no wrapper generator between)."""
+        runtime = self.runtime
+        extras: list = []
+        try:
+            result, extras = runtime.begin(role, interface, self, act)
+            if inspect.isasyncgen(result):
+                async for frame in result:
+                    if type(frame) is not dict:
+                        _frame(frame, act.node)
+                    self._dispatch_frame(act, frame, act.yielded, streams)
+                    act.yielded += 1
+            else:
+                frame = await result
+                if frame is not None:
+                    self._dispatch_frame(act, _frame(frame, act.node), 0, streams)
+                    act.yielded = 1
+            for extra in extras:  # broadcast: the other replicas run for their side effects
+                await runtime.drain(extra)
+        finally:
+            runtime.finished(role, act, extras)
+
     # ── outbound ──
 
     def _out_roots(self, act: Activation, tables: NodeTables, yidx: int) -> tuple:
+        if not act.roots:
+            return ((act.node, act.aid, yidx),) if tables.diamond_root else ()
         carried = tables.carried_roots
         roots = tuple(e for e in act.roots if e[0] in carried and e[0] != act.node)
         if tables.diamond_root:
@@ -345,23 +379,34 @@ class Call:
 
     def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
         tables = self.tables[act.node]
-        roots = self._out_roots(act, tables, yidx)
+        roots = self._out_roots(act, tables, yidx) if tables.diamond_root or (act.roots and tables.carried_roots) else ()
         seq = self._out_seq(act, tables, yidx)
-        for name, targets in self.runtime.dispatch[self.graph][act.node]:
-            present = name in frame
-            value = frame.get(name)
-            for target, kind in targets:
-                key = self._key(act, target, roots, yidx)
-                if present:
+        own_key = (act.node, act.aid, yidx)  # Rule A: the producing activation and frame
+        for name, targets in self.dispatch[act.node]:
+            if name in frame:
+                value = frame[name]
+                for target, kind in targets:
+                    if kind is TO_CALLER:
+                        self._caller_arrived(name, value, seq)
+                        continue
+                    if kind is DIRECT:
+                        self._schedule(Activation(target.node, target.group, next(self.aids), {name: value}, roots, seq))
+                        continue
+                    key = own_key if target.aid_rule != "C" else self._key(act, target, roots, yidx)
                     self.deliver(target, Signal(Kind.ARRIVED, name, key, target.slot, value, roots, seq))
                     if kind is STREAM_SLOT and streams is not None:
                         streams[(name, target.node, target.group, target.slot, key)] = True
-                elif kind is STREAM_SLOT:
+                continue
+            for target, kind in targets:
+                if kind is JOIN:
+                    continue
+                key = own_key if target.aid_rule != "C" else self._key(act, target, roots, yidx)
+                if kind is STREAM_SLOT:
                     if streams is not None:
                         streams.setdefault((name, target.node, target.group, target.slot, key), False)
-                elif kind is not JOIN:
-                    origin = (act.node, act.aid, yidx)
-                    self.deliver(target, Signal(Kind.UNREACHABLE, name, key, target.slot, None, roots, seq, Reason.EMPTY, origin))
+                else:
+                    signal = Signal(Kind.UNREACHABLE, name, key, target.slot, None, roots, seq, Reason.EMPTY, own_key)
+                    self.deliver(target, signal)
 
     def _dispatch_phantom(self, act: Activation, reason: Reason, origin: tuple) -> None:
         """An activation (or bucket) that produced nothing: every edge learns it is unreachable."""
@@ -391,19 +436,46 @@ class Call:
 
     # ── the caller ──
 
+    def _emit(self, event: dict | None) -> None:
+        self.outbox.append(event)
+        waiter = self._outbox_waiter
+        if waiter is not None:
+            self._outbox_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_for_events(self) -> None:
+        """Return once the outbox holds an event (the caller's side of `_emit`)."""
+        if not self.outbox:
+            self._outbox_waiter = asyncio.get_running_loop().create_future()
+            await self._outbox_waiter
+
+    def _caller_arrived(self, name: str, value: Any, seq: int) -> None:
+        caller = self.caller
+        ordered = caller.ordered.get(name)
+        if ordered is not None:
+            if not ordered:
+                self._emit({"event": "stream", "field": name, "value": value})
+            elif seq == caller.expected.get(name, 0) and name not in caller.buffer:
+                caller.expected[name] = seq + 1  # the next frame in order: nothing to buffer
+                self._emit({"event": "stream", "field": name, "value": value})
+            else:
+                caller.buffer[name][seq] = (True, value)
+                self._flush_stream(name, final=False)
+        if name in self.return_fields and name not in caller.returned:
+            caller.returned.add(name)
+            self._emit({"event": "return", "field": name, "value": value})
+
     def _to_caller(self, signal: Signal) -> None:
         name = signal.field
+        if signal.kind is Kind.ARRIVED:
+            self._caller_arrived(name, signal.value, signal.seq)
+            return
         if signal.kind is Kind.UNREACHABLE and signal.reason in (Reason.ERROR, Reason.CANCEL):
             self.caller.errored.add(name)
-        if name in self.caller.ordered:
-            if self.caller.ordered[name]:
-                self.caller.buffer[name][signal.seq] = (signal.kind is Kind.ARRIVED, signal.value)
-                self._flush_stream(name, final=False)
-            elif signal.kind is Kind.ARRIVED:
-                self.events.put_nowait({"event": "stream", "field": name, "value": signal.value})
-        if name in self.returns and signal.kind is Kind.ARRIVED and name not in self.caller.returned:
-            self.caller.returned.add(name)
-            self.events.put_nowait({"event": "return", "field": name, "value": signal.value})
+        if self.caller.ordered.get(name):
+            self.caller.buffer[name][signal.seq] = (False, None)
+            self._flush_stream(name, final=False)
 
     def _flush_stream(self, name: str, final: bool) -> None:
         buffer = self.caller.buffer[name]
@@ -415,7 +487,7 @@ class Call:
                 expected = min(buffer)
             arrived, value = buffer.pop(expected)
             if arrived:
-                self.events.put_nowait({"event": "stream", "field": name, "value": value})
+                self._emit({"event": "stream", "field": name, "value": value})
             expected += 1
         self.caller.expected[name] = expected
         if not buffer:
@@ -432,4 +504,15 @@ class Call:
             "running": self.running,
             "unreachable_dedup": len(self.seen_unreachable),
             "stream_buffers": len(self.caller.buffer),
+            "undelivered_events": len(self.outbox),
         }
+
+
+def _single_direct(group) -> bool:
+    return group.routing == "direct" and len(group.slots) == 1
+
+
+def _frame(frame: object, node: str) -> dict:
+    if not isinstance(frame, dict):
+        raise TypeError(f"{node} must yield or return a dict of output fields, not {type(frame).__name__}")
+    return frame

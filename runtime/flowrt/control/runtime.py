@@ -34,7 +34,7 @@ class FlowrtError(Exception):
     """A problem a user can fix: a missing impl, a bad input, an unknown graph."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Context:
     """What a role's method receives as `ctx`."""
 
@@ -179,10 +179,11 @@ class Runtime:
         self.rr[role.name] += 1
         return index
 
-    async def invoke(self, role_name: str, interface: str, call: Call, act: Activation) -> AsyncIterator[dict]:
-        """Run one activation on a replica; yields the frames it produced, as dicts."""
+    def begin(self, role_name: str, interface: str, call: Call, act: Activation) -> tuple[Any, list[tuple[int, Any]]]:
+        """Start one activation on its replica(s): the chosen replica's result (an async generator
+        or an awaitable) and, for `lb broadcast`, the other replicas' results. Pair with `finished`."""
         role = self.roles[role_name]
-        replicas = range(len(self.instances[role_name])) if role.lb == "broadcast" else [self._replica(role, call.session)]
+        replicas = range(len(self.instances[role_name])) if role.lb == "broadcast" else (self._replica(role, call.session),)
         results = []
         for replica in replicas:
             instance = self.instances[role_name][replica]
@@ -195,26 +196,33 @@ class Runtime:
                 call.graph,
                 role_name,
                 interface,
-                {name: self.globals[(call.session, name)] for name in role.uses},
+                {name: self.globals[(call.session, name)] for name in role.uses} if role.uses else {},
                 self.log,
                 replica,
             )
             results.append((replica, method(ctx, **act.inputs)))
-        for index, (replica, result) in enumerate(results):
             self.load[(role_name, replica)] += 1
-            try:
-                if inspect.isasyncgen(result):
-                    async for frame in result:
-                        if index == 0:
-                            yield _frame(frame, role_name, interface)
-                else:
-                    frame = await result
-                    if index == 0 and frame is not None:
-                        yield _frame(frame, role_name, interface)
-            finally:
-                self.load[(role_name, replica)] -= 1
-                if self.load[(role_name, replica)] == 0:
-                    del self.load[(role_name, replica)]
+            act.replicas += (replica,)
+        return results[0][1], results[1:]
+
+    @staticmethod
+    async def drain(extra: tuple[int, Any]) -> None:
+        """Run a broadcast replica's activation to its end; only the chosen replica's frames count."""
+        result = extra[1]
+        if inspect.isasyncgen(result):
+            async for _ in result:
+                pass
+        else:
+            await result
+
+    def finished(self, role_name: str, act: Activation, extras: list) -> None:
+        for replica in act.replicas:
+            self.load[(role_name, replica)] -= 1
+            if self.load[(role_name, replica)] == 0:
+                del self.load[(role_name, replica)]
+        for _, result in extras:
+            if inspect.iscoroutine(result) and result.cr_frame is not None and not result.cr_running:
+                result.close()  # a broadcast replica never awaited (the chosen one raised): no warning
 
     # ── calls ──
 
@@ -244,8 +252,11 @@ class Runtime:
         watchdog = asyncio.get_running_loop().call_later(deadline, call.cancel) if deadline else None
         try:
             call.start()
+            outbox = call.outbox
             while True:
-                event = await call.events.get()
+                if not outbox:
+                    await call.wait_for_events()
+                event = outbox.popleft()
                 if event is None:
                     break
                 yield event
@@ -265,9 +276,3 @@ class Runtime:
             for key, value in call.statistics().items():
                 totals[key] += value
         return {"calls": len(self.calls), **totals, **self.scheduler.statistics(), "busy_replicas": len(self.load)}
-
-
-def _frame(frame: object, role: str, interface: str) -> dict:
-    if not isinstance(frame, dict):
-        raise TypeError(f"{role}.{interface} must yield or return a dict of output fields, not {type(frame).__name__}")
-    return frame
