@@ -9,8 +9,11 @@ import random
 import zlib
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, assume, event, given, settings
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from flowc.check import check_source
 from flowc.plan import build_plan
@@ -144,22 +147,52 @@ def normalize(activations):
     )
 
 
-def check(spec: Spec, seed: int, tmp_path) -> None:
+def event(text: str) -> None:
+    if currently_in_test_context():  # the statistics of hypothesis runs; plain tests have none
+        hypothesis_event(text)
+
+
+def require(condition: bool) -> None:
+    """Skip a generated example that is not a valid program; a hand-written one must be valid."""
+    if currently_in_test_context():
+        assume(condition)
+    assert condition
+
+
+def order_of(graph: dict, output: dict) -> str | None:
+    """How the caller's order of a streamed field is defined, if it is: "yield" or "session"."""
+    nodes = graph["nodes"]
+    if len(output["producers"]) != 1:
+        return None
+    producer = nodes[output["producers"][0]]
+    if not producer["session"]:
+        return "yield" if output["producers"] == [output["order_source"]] else None
+    if producer["in_cycle"] or len(producer["groups"]) != 1:
+        return None
+    sources = {nodes[slot["producer"]]["order_source"] for slot in producer["groups"][0]["slots"]}
+    if len(sources) != 1 or None in sources or producer["id"] in sources:
+        return None
+    source = nodes[sources.pop()]
+    # fed only by the call's inputs (placeholders), it runs exactly once
+    runs_once = all(nodes[slot["producer"]]["kind"] != "interface" for group in source["groups"] for slot in group["slots"])
+    return "session" if source["stream"] and not source["session"] and runs_once else None
+
+
+def check(spec: Spec, seed: int, tmp_path, behaviour=None) -> None:
     result = check_source(spec.text(), "random.flow")
-    assume(result.ok)
-    # stream `ordered` every field whose order comes from its one producer's own yields: that
-    # producer runs once per call, so the caller must see its frames in yield order exactly
+    require(result.ok)
+    # stream `ordered` every field whose order is defined: (a) its one producer is its order
+    # source and runs once per call, so the caller sees that activation's yields in order; (b) its
+    # one producer is an `lb session` node whose input frames all come from one stream producer
+    # that runs once: the node runs once per input frame in that producer's order, so the caller
+    # sees (source yield, own yield) order
     graph = build_plan(result.program).as_json()["graphs"]["g"]
-    spec.ordered = tuple(
-        o["field"]
-        for o in graph["outputs"]
-        if o["kind"] == "stream" and o["producers"] == [o["order_source"]] and not graph["nodes"][o["order_source"]]["session"]
-    )
+    spec.ordered = tuple(o["field"] for o in graph["outputs"] if o["kind"] == "stream" and order_of(graph, o) is not None)
     text = spec.text()
     result = check_source(text, "random.flow")
-    assume(result.ok)
+    require(result.ok)
     plan = build_plan(result.program).as_json()
-    behaviour = behaviour_for(spec)
+    behaviour = behaviour or behaviour_for(spec)
     expected = run_reference(plan, "g", {"request": REQUEST}, behaviour)
     assert expected.leftover_buckets == 0
 
@@ -188,9 +221,13 @@ def check(spec: Spec, seed: int, tmp_path) -> None:
     assert {f: sorted(v, key=repr) for f, v in got_streams.items()} == {
         f: sorted((freeze(x) for x in v), key=repr) for f, v in expected.streams.items()
     }
+    outputs = {o["field"]: o for o in plan["graphs"]["g"]["outputs"]}
     for name in spec.ordered:
-        event("ordered stream compared")
-        assert got_streams.get(name, []) == [freeze(x) for x in expected.streams.get(name, [])], name
+        how = order_of(plan["graphs"]["g"], outputs[name])
+        event(f"ordered stream compared ({how})")
+        # the reference keys each frame by the yield indices of its lineage: sorted, that is production order
+        in_order = [value for _, value in sorted(expected.stream_keys.get(name, []), key=lambda kv: kv[0])]
+        assert got_streams.get(name, []) == [freeze(x) for x in in_order], name
     end = done(events)
     assert len(end["errors"]) == expected.errors
     missing = [f for f in (["gathered"] if spec.join else []) if f not in expected.returns]
@@ -206,6 +243,38 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
 )
+
+
+# a stream put back in order by an `lb session` node: r0 streams once; r1 (3 replicas, round
+# robin, random delays) passes each frame on, out of order; r2 (`lb session`, 2 replicas) must
+# run in r0's order and streams 3 frames per activation; r3 consumes those
+SESSION_ORDERED = Spec(
+    outputs=[["f0"], ["f1"], ["f2"], ["f3"]],
+    stream=[True, False, True, False],
+    groups=[[["request"]], [["f0"]], [["f1"]], [["f2"]]],
+    join=None,
+    session=[False, False, True, False],
+    replicas=[1, 3, 2, 1],
+)
+
+
+def session_chain(node: str, inputs: dict) -> list[dict]:
+    depth = 1 + max(depth_of(v) for v in inputs.values())
+    (value,) = inputs.values() if inputs else (("request", 0, 0, 0),)
+    if node == "r0.run":
+        return [{"f0": (node, k, k, depth)} for k in range(6)]
+    if node == "r1.run":
+        return [{"f1": (node, value[1], 0, depth)}]
+    if node == "r2.run":
+        return [{"f2": (node, value[1] * 10 + k, k, depth)} for k in range(3)]
+    return [{"f3": (node, value[1], 0, depth)}]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_stream_reordered_by_a_session_node_matches_the_reference(seed, tmp_path):
+    # 18 frames of f2 from 6 activations of r2, whose inputs reach it out of order
+    check(SESSION_ORDERED, seed, tmp_path, session_chain)
+    assert SESSION_ORDERED.ordered == ("f0", "f2")
 
 
 @SETTINGS
