@@ -237,15 +237,11 @@ class Call:
             state = self.joins[node] = JoinState()
         if state.fired or node in self.joins_done:
             return False
-        complete = True
-        for join in tables.join or ():
-            got = state.values.get(join.field, [])
-            if join.threshold is not None:
-                complete &= len(got) >= join.threshold
-            else:
-                complete &= (
-                    final or all(self.running_by_node[n] == 0 for n in join.upstream) and not self._pending_at(join.upstream)
-                )
+        # counts first (cheap); `all` fields only then: their upstream must have nothing running or pending
+        joins = tables.join or ()
+        complete = all(len(state.values.get(j.field, ())) >= j.threshold for j in joins if j.threshold is not None)
+        if complete and not final:
+            complete = all(self._upstream_ended(j.upstream) for j in joins if j.threshold is None)
         if not complete:
             if final:
                 del self.joins[node]
@@ -263,9 +259,13 @@ class Call:
         self._schedule(Activation(node, 0, next(self.aids), inputs, (), 0))
         return True
 
-    def _pending_at(self, nodes: tuple[str, ...]) -> bool:
+    def _upstream_ended(self, nodes: tuple[str, ...]) -> bool:
+        running = self.running_by_node
+        for node in nodes:
+            if running[node]:
+                return False
         wanted = set(nodes)
-        return any(key[0] in wanted for key in self.buckets)
+        return not any(key[0] in wanted for key in self.buckets)
 
     def _check_joins(self) -> None:
         for node in list(self.joins):
