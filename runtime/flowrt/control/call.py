@@ -2,8 +2,8 @@
 order, completion (DESIGN §4; docs/runtime.md gives the rules this module implements).
 
 Delivery is synchronous: a signal goes inbound → bucket → fire on one call chain with no await,
-so bucket state never interleaves. Each fired activation runs as one task (the user's code may
-await). The call ends when its ActivityTracker counts nothing in flight; then every table of
+so bucket state never interleaves. A fired activation runs in a task (the user's code may
+await): a new one, or, when it became ready only as another finished, the finished one's. The call ends when its ActivityTracker counts nothing in flight; then every table of
 the call is empty, which `statistics()` lets tests assert.
 """
 
