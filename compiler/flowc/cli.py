@@ -303,12 +303,28 @@ def _prepare_output(out: Path) -> None:
 )
 @click.option("--session", help="Session id (calls of one session run one at a time).")
 @click.option("--timeout", type=float, help="Cancel the call after this many seconds (default: the graph's own timeout).")
+@click.option(
+    "--http", "http", metavar="HOST:PORT", default="127.0.0.1:8000", show_default=True, help="Where to serve (without --once)."
+)
+@click.option("--registry", metavar="URL", help="A shared registry (redis://...); not in this release.")
 @_color_option
 def run(
-    target: str, graph_name: str | None, input_json: str, session: str | None, timeout: float | None, color: bool | None
+    target: str,
+    graph_name: str | None,
+    input_json: str,
+    session: str | None,
+    timeout: float | None,
+    http: str,
+    registry: str | None,
+    color: bool | None,
 ) -> None:
-    """Run a bundle (a directory from `flowc build`) or a .flow file (built to a temporary
-    bundle first) on the embedded runtime.
+    """Serve a bundle (a directory from `flowc build`) or a .flow file (built to a temporary
+    bundle first) over HTTP on the embedded runtime, or call one graph with --once.
+
+    \b
+    Serving (docs/runtime.md, "Serving"): POST /graphs/GRAPH with a JSON object of entry values
+    answers with one JSON event per line, the same lines --once prints; GET /health, /graphs and
+    /stats describe the server. Ctrl-C (or SIGTERM) cancels the calls in flight and stops.
 
     \b
     Prints one JSON object per event: {"event": "stream" | "return", "field": F, "value": V},
@@ -324,9 +340,14 @@ def run(
     import asyncio
     import tempfile
 
-    if graph_name is None:
-        raise click.UsageError("serving over HTTP is not part of this release; call a graph with --once GRAPH")
-    inputs = _parse_input(input_json)
+    if registry is not None:
+        raise click.UsageError("a shared registry (--registry) is not part of this release; omit it to use the embedded one")
+    if graph_name is None and (input_json != "{}" or session or timeout is not None):
+        raise click.UsageError(
+            "--input, --session and --timeout belong to one call: add --once GRAPH, "
+            "or leave them out to serve (a request gives its own)"
+        )
+    inputs = _parse_input(input_json) if graph_name is not None else {}
     path = Path(target)
     with tempfile.TemporaryDirectory(prefix="flowc-run-") as scratch:
         if path.suffix == ".flow" or path.is_file():
@@ -337,8 +358,35 @@ def run(
             build_bundle(program, path, bundle_dir).write(bundle_dir)
         else:
             bundle_dir = path
+        if graph_name is None:
+            _serve(bundle_dir, http)
+            return
         status = asyncio.run(_run_once(bundle_dir, graph_name, inputs, session, timeout))
     sys.exit(EXIT_OK if status == "ok" else EXIT_ERRORS)
+
+
+def _serve(bundle_dir: Path, http: str) -> None:
+    import asyncio
+
+    from flowrt.bundle import BundleError
+    from flowrt.control import FlowrtError
+
+    try:
+        from flowrt.serve import parse_address, serve
+    except ImportError as error:
+        raise click.ClickException(f"serving needs aiohttp ({error}); reinstall flowc: pip install flowc") from None
+    try:
+        host, port = parse_address(http)
+    except ValueError as error:
+        raise click.UsageError(f"--http takes HOST:PORT: {error}") from None
+    try:
+        asyncio.run(serve(bundle_dir, host, port))
+    except (BundleError, FlowrtError) as error:
+        raise click.UsageError(str(error)) from None
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot listen on {http}: {error.strerror or error}; choose another --http HOST:PORT"
+        ) from None
 
 
 @main.command()

@@ -116,17 +116,43 @@ def main(path: Path, argv: list[str]) -> int:
         "command",
         nargs="?",
         default="info",
-        choices=["info", "check", "launch-ray"],
-        help="info: what the bundle holds (default); check: load and cross-check every table; launch-ray: start it on Ray",
+        choices=["info", "check", "serve", "launch-ray"],
+        help="info: what the bundle holds (default); check: load and cross-check every table; "
+        "serve: serve it over HTTP (as `flowc run DIR`); launch-ray: start it on Ray",
     )
+    parser.add_argument("--http", metavar="HOST:PORT", default="127.0.0.1:8000", help="serve: where to listen")
     args = parser.parse_args(argv)
     try:
         bundle = load_bundle(path)
     except BundleError as error:
         print(f"flowrt: {error}", file=sys.stderr)
         return 1
+    if args.command == "serve":
+        return _serve(path, args.http)
     if args.command == "launch-ray":
         print("flowrt: this flowrt release loads and checks bundles; the Ray launcher is not part of it yet", file=sys.stderr)
         return 2
     print(describe(bundle) if args.command == "info" else f"bundle {bundle.name}: {len(bundle.roles)} roles, tables consistent")
+    return 0
+
+
+def _serve(path: Path, address: str) -> int:
+    import asyncio
+
+    from flowrt.control import FlowrtError
+    from flowrt.serve import parse_address, serve
+
+    try:
+        host, port = parse_address(address)
+    except ValueError as error:
+        print(f"flowrt: --http: {error}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(path, host, port))
+    except FlowrtError as error:
+        print(f"flowrt: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"flowrt: cannot listen on {address}: {error.strerror or error}; choose another --http HOST:PORT", file=sys.stderr)
+        return 1
     return 0

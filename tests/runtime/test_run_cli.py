@@ -96,7 +96,7 @@ def test_user_errors_are_clear_and_exit_two(tmp_path):
         ("--once", "g", "--input", "[1]"): "--input must be a JSON object",
         ("--once", "g", "--input", '{"wrong": 1}'): "graph `g` takes request; missing request; unexpected wrong",
         ("--once", "nope", "--input", '{"request": 1}'): "no graph `nope`",
-        ("--input", '{"request": 1}'): "call a graph with --once GRAPH",
+        ("--input", '{"request": 1}'): "--input, --session and --timeout belong to one call: add --once GRAPH",
     }
     for args, message in cases.items():
         result = flowc("run", "pipeline.flow", *args, cwd=root)

@@ -6,11 +6,12 @@ sequencer, call, runtime).
 
 from flowrt.control.bucket import Bucket, Outcome
 from flowrt.control.call import Call
-from flowrt.control.runtime import Context, FlowrtError, GCScheduler, Runtime
+from flowrt.control.runtime import BadInputs, Context, FlowrtError, GCScheduler, Runtime, UnknownGraph
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Kind, Reason, Signal
 
 __all__ = [
+    "BadInputs",
     "Bucket",
     "Call",
     "Context",
@@ -22,4 +23,5 @@ __all__ = [
     "Runtime",
     "Sequencer",
     "Signal",
+    "UnknownGraph",
 ]

@@ -34,6 +34,14 @@ class FlowrtError(Exception):
     """A problem a user can fix: a missing impl, a bad input, an unknown graph."""
 
 
+class UnknownGraph(FlowrtError):
+    """A call named a graph the bundle does not have."""
+
+
+class BadInputs(FlowrtError):
+    """A call's inputs do not match the graph's entry placeholders."""
+
+
 @dataclass(slots=True)
 class Context:
     """What a role's method receives as `ctx`."""
@@ -109,6 +117,8 @@ class Runtime:
         self.load: dict[tuple[str, int], int] = defaultdict(int)
         self.log = logging.getLogger(f"flowrt.{bundle.name}")
         self.last_call: Call | None = None  # the most recent finished call, for inspection
+        self._idle = asyncio.Event()  # set while no call is in flight
+        self._idle.set()
 
     @classmethod
     async def open(cls, path: str | Path, instances: dict[str, list[Any]] | None = None) -> Runtime:
@@ -145,6 +155,12 @@ class Runtime:
         try:
             module = importlib.import_module(module_name)
         except ImportError as error:
+            top = sys.modules.get(module_name.split(".")[0])
+            if top is not None and Path(getattr(top, "__file__", None) or "/").resolve().parent == self.bundle.path.resolve():
+                raise FlowrtError(
+                    f"role `{role.name}`: `{module_name}` resolves into the bundle itself, because the bundle's directory "
+                    f"is named `{self.bundle.path.name}` like the impl's package; build it into a directory with another name"
+                ) from None
             where = ", ".join(str(p) for p in self.bundle.python_path) or "the import path"
             raise FlowrtError(
                 f"role `{role.name}`: cannot import `{module_name}` ({error}); flowrt looked in {where}. "
@@ -230,24 +246,13 @@ class Runtime:
         self, graph: str, inputs: dict[str, Any], session: str | None = None, timeout: float | None = None
     ) -> AsyncIterator[dict]:
         """Call a graph; yields its events (stream, return, done) as dicts."""
-        plan = self.bundle.plan["graphs"].get(graph)
-        if plan is None:
-            raise FlowrtError(
-                f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.bundle.plan['graphs'])}"
-            )
-        missing = [e for e in plan["entry"] if e not in inputs]
-        extra = [k for k in inputs if k not in plan["entry"]]
-        if missing or extra:
-            raise FlowrtError(
-                f"graph `{graph}` takes {', '.join(plan['entry'])}"
-                + (f"; missing {', '.join(missing)}" if missing else "")
-                + (f"; unexpected {', '.join(extra)}" if extra else "")
-            )
+        plan = self.validate(graph, inputs)
         call_id = next(self.call_ids)
         session = session if session is not None else f"call-{call_id}"
         await self.scheduler.acquire(session)
         call = Call(self, graph, dict(inputs), session, call_id)
         self.calls.add(call)
+        self._idle.clear()
         deadline = timeout if timeout is not None else plan.get("timeout_s")
         watchdog = asyncio.get_running_loop().call_later(deadline, call.cancel) if deadline else None
         try:
@@ -267,8 +272,31 @@ class Runtime:
                 call.cancel()  # the caller went away: cancel the call's work
                 await call.finished.wait()
             self.calls.discard(call)
+            if not self.calls:
+                self._idle.set()
             self.scheduler.release(session)
             self.last_call = call
+
+    def validate(self, graph: str, inputs: dict[str, Any]) -> dict:
+        """The plan of `graph` if `inputs` can call it; else UnknownGraph or BadInputs saying why."""
+        plan = self.bundle.plan["graphs"].get(graph)
+        if plan is None:
+            raise UnknownGraph(
+                f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.bundle.plan['graphs'])}"
+            )
+        missing = [e for e in plan["entry"] if e not in inputs]
+        extra = [k for k in inputs if k not in plan["entry"]]
+        if missing or extra:
+            raise BadInputs(
+                f"graph `{graph}` takes {', '.join(plan['entry'])}"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unexpected {', '.join(extra)}" if extra else "")
+            )
+        return plan
+
+    async def wait_idle(self) -> None:
+        """Return once no call is in flight."""
+        await self._idle.wait()
 
     def statistics(self) -> dict[str, int]:
         totals: dict[str, int] = defaultdict(int)
