@@ -68,8 +68,12 @@ class Bucket:
         slots = self.group.slots
         # DEAD when a field can no longer arrive: its only (critical) slot, or every slot of it,
         # is unreachable; the AND of the group needs every field
+        state = self.state
         for indices in self.group.slots_by_field:
-            if all(self.state[i] == UNREACHABLE for i in indices):
+            for i in indices:
+                if state[i] != UNREACHABLE:
+                    break
+            else:
                 return self._dead(Reason.worst(r for i in indices if (r := self.reasons[i])))
         if PENDING in self.state:
             return None

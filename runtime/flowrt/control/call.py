@@ -10,11 +10,11 @@ the call is empty, which `statistics()` lets tests assert.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from types import AsyncGeneratorType
 from typing import TYPE_CHECKING, Any
 
 from flowrt.control.bucket import Bucket, Outcome
@@ -132,7 +132,8 @@ class Call:
         self.in_flight -= 1
         if act.node in self.sequencers:
             self.sequencers[act.node].settle(act.seq, act.group, ran)
-        self._check_joins()
+        if self.joins:
+            self._check_joins()
         if self.running == 0:
             self._quiesce()
 
@@ -238,10 +239,7 @@ class Call:
         if state.fired or node in self.joins_done:
             return False
         # counts first (cheap); `all` fields only then: their upstream must have nothing running or pending
-        joins = tables.join or ()
-        complete = all(len(state.values.get(j.field, ())) >= j.threshold for j in joins if j.threshold is not None)
-        if complete and not final:
-            complete = all(self._upstream_ended(j.upstream) for j in joins if j.threshold is None)
+        complete = self._counts_met(tables, state) and (final or self._all_fields_ended(tables))
         if not complete:
             if final:
                 del self.joins[node]
@@ -257,6 +255,19 @@ class Call:
         # a counted field passes exactly its first N frames; `all` passes every frame
         inputs = {j.field: list(state.values.get(j.field, []))[: j.threshold] for j in tables.join or ()}
         self._schedule(Activation(node, 0, next(self.aids), inputs, (), 0))
+        return True
+
+    @staticmethod
+    def _counts_met(tables: NodeTables, state: JoinState) -> bool:
+        for join in tables.join or ():
+            if join.threshold is not None and len(state.values.get(join.field, ())) < join.threshold:
+                return False
+        return True
+
+    def _all_fields_ended(self, tables: NodeTables) -> bool:
+        for join in tables.join or ():  # noqa: SIM110 - a plain loop: this runs at every activation's end
+            if join.threshold is None and not self._upstream_ended(join.upstream):
+                return False
         return True
 
     def _upstream_ended(self, nodes: tuple[str, ...]) -> bool:
@@ -350,7 +361,8 @@ class Call:
                 self._tail = []
             if act.yielded == 0:
                 self._dispatch_phantom(act, reason or Reason.EMPTY, (act.node, act.aid))
-            self._end_streams(act, tables, streams, reason)
+            if streams:
+                self._end_streams(act, tables, streams, reason)
             self.running_by_node[act.node] -= 1
             self.running -= 1
             self._activation_done(act, ran=True)
@@ -363,7 +375,7 @@ class Call:
         extras: list = []
         try:
             result, extras = runtime.begin(role, interface, self, act)
-            if inspect.isasyncgen(result):
+            if isinstance(result, AsyncGeneratorType):
                 async for frame in result:
                     if type(frame) is not dict:
                         _frame(frame, act.node)
@@ -409,7 +421,11 @@ class Call:
     def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
         tables = self.tables[act.node]
         roots = self._out_roots(act, tables, yidx) if tables.diamond_root or (act.roots and tables.carried_roots) else ()
-        seq = self._out_seq(act, tables, yidx)
+        if tables.session:  # a session node numbers its frames in the order it produces them
+            seq = self.session_counters[act.node]
+            self.session_counters[act.node] = seq + 1
+        else:
+            seq = yidx if tables.stream else act.seq
         own_key = (act.node, act.aid, yidx)  # Rule A: the producing activation and frame
         for name, targets in self.dispatch[act.node]:
             if name in frame:
@@ -467,11 +483,13 @@ class Call:
 
     def _emit(self, event: dict | None) -> None:
         self.outbox.append(event)
-        waiter = self._outbox_waiter
-        if waiter is not None:
-            self._outbox_waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        if self._outbox_waiter is not None:
+            self._wake_caller()
+
+    def _wake_caller(self) -> None:
+        waiter, self._outbox_waiter = self._outbox_waiter, None
+        if not waiter.done():
+            waiter.set_result(None)
 
     async def wait_for_events(self) -> None:
         """Return once the outbox holds an event (the caller's side of `_emit`)."""
@@ -487,7 +505,9 @@ class Call:
                 self._emit({"event": "stream", "field": name, "value": value})
             elif seq == caller.expected.get(name, 0) and name not in caller.buffer:
                 caller.expected[name] = seq + 1  # the next frame in order: nothing to buffer
-                self._emit({"event": "stream", "field": name, "value": value})
+                self.outbox.append({"event": "stream", "field": name, "value": value})
+                if self._outbox_waiter is not None:
+                    self._wake_caller()
             else:
                 caller.buffer[name][seq] = (True, value)
                 self._flush_stream(name, final=False)
