@@ -421,11 +421,7 @@ class Call:
     def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
         tables = self.tables[act.node]
         roots = self._out_roots(act, tables, yidx) if tables.diamond_root or (act.roots and tables.carried_roots) else ()
-        if tables.session:  # a session node numbers its frames in the order it produces them
-            seq = self.session_counters[act.node]
-            self.session_counters[act.node] = seq + 1
-        else:
-            seq = yidx if tables.stream else act.seq
+        seq = self._out_seq(act, tables, yidx)
         own_key = (act.node, act.aid, yidx)  # Rule A: the producing activation and frame
         for name, targets in self.dispatch[act.node]:
             if name in frame:
