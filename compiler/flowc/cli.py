@@ -372,7 +372,7 @@ def _serve(bundle_dir: Path, http: str) -> None:
     from flowrt.control import FlowrtError
 
     try:
-        from flowrt.serve import parse_address, serve
+        from flowrt.serve import CannotListen, parse_address, serve
     except ImportError as error:
         raise click.ClickException(f"serving needs aiohttp ({error}); reinstall flowc: pip install flowc") from None
     try:
@@ -381,12 +381,10 @@ def _serve(bundle_dir: Path, http: str) -> None:
         raise click.UsageError(f"--http takes HOST:PORT: {error}") from None
     try:
         asyncio.run(serve(bundle_dir, host, port))
+    except CannotListen as error:
+        raise click.ClickException(str(error)) from None
     except (BundleError, FlowrtError) as error:
         raise click.UsageError(str(error)) from None
-    except OSError as error:
-        raise click.ClickException(
-            f"cannot listen on {http}: {error.strerror or error}; choose another --http HOST:PORT"
-        ) from None
 
 
 @main.command()

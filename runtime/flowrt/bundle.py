@@ -149,10 +149,7 @@ def _serve(path: Path, address: str) -> int:
         return 2
     try:
         asyncio.run(serve(path, host, port))
-    except FlowrtError as error:
+    except FlowrtError as error:  # a role that cannot be imported, an address that is taken
         print(f"flowrt: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:
-        print(f"flowrt: cannot listen on {address}: {error.strerror or error}; choose another --http HOST:PORT", file=sys.stderr)
         return 1
     return 0

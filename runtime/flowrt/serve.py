@@ -26,8 +26,13 @@ from typing import Any
 
 from aiohttp import web
 
-from flowrt.control import BadInputs, Runtime, UnknownGraph
+from flowrt.control import BadInputs, FlowrtError, Runtime, UnknownGraph
 from flowrt.values import summarize
+
+
+class CannotListen(FlowrtError):
+    """The address is taken or not ours to bind."""
+
 
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
 NDJSON = "application/x-ndjson"
@@ -132,7 +137,12 @@ async def serve(bundle_dir: Path, host: str, port: int) -> None:
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as error:
+            raise CannotListen(
+                f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --http HOST:PORT"
+            ) from None
         bound_host, bound_port = runner.addresses[0][:2]
         print(f"serving {runtime.bundle.name} on http://{bound_host}:{bound_port}", flush=True)
         stop = asyncio.Event()
