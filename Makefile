@@ -6,8 +6,18 @@ STAMP  := $(VENV)/.installed-stamp
 EXAMPLES := $(sort $(wildcard examples/*/pipeline.flow))
 EDITOR := editors/vscode
 NODE_STAMP := $(EDITOR)/node_modules/.installed-stamp
+# Python 3.12+ starts activations as eager tasks (docs/runtime.md); where one is installed,
+# `make test` runs the runtime suites under it too, so both launch paths are tested
+# (pyenv installs them without putting them on PATH: its versions are tried too)
+EAGER_PYTHON ?= $(shell for p in python3.12 python3.13 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null); \
+	do $$p -c 'import sys; assert sys.version_info >= (3, 12); print(sys.executable)' 2>/dev/null && break; done)
+EAGER_VENV ?= .venv-eager
+EAGER_STAMP := $(EAGER_VENV)/.installed-stamp
+# the interpreter of `make bench-overhead` (all three systems run on it)
+BENCH_PYTHON ?= $(PYTHON)
+BENCH_VENV ?= .venv-bench
 
-.PHONY: all install demo test golden docs lint bench bench-overhead editor editor-grammar editor-snapshots clean
+.PHONY: all install demo test test-eager golden docs lint bench bench-overhead editor editor-grammar editor-snapshots clean
 
 all: test
 
@@ -32,11 +42,27 @@ demo: $(STAMP)
 	cd build && ../$(PY) -m image_chat check
 	$(VENV)/bin/flowc run build/image_chat --once chat --input @examples/image_chat/request.json
 
-## The tests (CI runs exactly this): lint, the editor grammar's own tests (npm), then pytest.
+## The tests (CI runs exactly this): lint, the editor grammar's own tests (npm), pytest, then
+## the runtime suites again under Python 3.12+ where one is installed.
 test: $(STAMP) $(NODE_STAMP)
 	$(PY) -m ruff check compiler runtime stdlib tests bench examples editors
 	cd $(EDITOR) && npm test
 	$(PY) -m pytest
+	$(MAKE) --no-print-directory test-eager
+
+$(EAGER_STAMP): pyproject.toml
+	$(EAGER_PYTHON) -m venv $(EAGER_VENV)
+	$(EAGER_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(EAGER_STAMP)
+
+## The runtime, property and example suites on the eager launch path (Python 3.12+), if installed.
+ifeq ($(strip $(EAGER_PYTHON)),)
+test-eager:
+	@echo "test-eager: no python3.12 or python3.13 here; the eager launch path is not tested"
+else
+test-eager: $(EAGER_STAMP)
+	$(EAGER_VENV)/bin/python -m pytest tests/runtime tests/property tests/test_examples.py
+endif
 
 ## Rewrite the golden files under golden/ after an intended change; review the diff like code.
 golden: $(STAMP)
@@ -55,10 +81,11 @@ bench: $(STAMP)
 	$(PY) bench/fuzz_bench.py
 
 ## Control-flow overhead against a hand-written floor and LangGraph (installed here only, in .venv-bench).
+## BENCH_PYTHON=python3.12 BENCH_VENV=.venv-bench-3.12 measures on the eager launch path.
 bench-overhead:
-	$(PYTHON) -m venv .venv-bench
-	.venv-bench/bin/python -m pip install --quiet --disable-pip-version-check -e . langgraph
-	.venv-bench/bin/python bench/control_overhead.py --profile
+	$(BENCH_PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e . langgraph
+	$(BENCH_VENV)/bin/python bench/control_overhead.py --profile
 
 ## The VS Code extension as build/flowc.vsix (install: code --install-extension build/flowc.vsix).
 editor: $(STAMP) $(NODE_STAMP)
@@ -76,4 +103,4 @@ editor-snapshots: $(NODE_STAMP)
 	cd $(EDITOR) && npx vscode-tmgrammar-snap --updateSnapshot --grammar syntaxes/flow.tmLanguage.json "tests/snap/*.flow"
 
 clean:
-	rm -rf $(VENV) .venv-bench build *.egg-info .pytest_cache .hypothesis $(EDITOR)/node_modules
+	rm -rf $(VENV) $(EAGER_VENV) .venv-bench* build *.egg-info .pytest_cache .hypothesis $(EDITOR)/node_modules

@@ -47,6 +47,10 @@ class JoinField:
     field: str
     threshold: int | None  # None: all
     upstream: tuple[str, ...]
+    upstream_set: frozenset[str] = field(init=False, compare=False)  # for membership tests at run time
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "upstream_set", frozenset(self.upstream))
 
 
 @dataclass(frozen=True, slots=True)

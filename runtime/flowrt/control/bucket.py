@@ -16,7 +16,7 @@ from flowrt.tables import Group
 PENDING, RECEIVED, UNREACHABLE = 0, 1, 2
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     fired: bool
     inputs: dict[str, object]

@@ -2,9 +2,14 @@
 order, completion (DESIGN §4; docs/runtime.md gives the rules this module implements).
 
 Delivery is synchronous: a signal goes inbound → bucket → fire on one call chain with no await,
-so bucket state never interleaves. A fired activation runs in a task (the user's code may
-await): a new one, or, when it became ready only as another finished, the finished one's. The call ends when its ActivityTracker counts nothing in flight; then every table of
-the call is empty, which `statistics()` lets tests assert.
+so bucket state never interleaves. A fired activation is only queued there (`_ready`); it is
+launched when the step that readied it is over (after a frame's dispatch, at a call's start,
+at an activation's end), so the user's code never runs inside the state machine. It then runs
+in a task (the user's code may await): the finished activation's own task when it became ready
+only as that one ended, else a new one. On Python 3.12+ a new task starts eagerly: the role runs
+at once and a task that never suspends costs no turn of the event loop. The call ends when its
+ActivityTracker counts nothing in flight; then every table of the call is empty, which
+`statistics()` lets tests assert.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import sys
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from types import AsyncGeneratorType
@@ -23,6 +29,7 @@ from flowrt.control.signals import Kind, Reason, Signal
 from flowrt.tables import NodeTables, Target
 
 if TYPE_CHECKING:
+    from flowrt.control.roles import RoleBinding
     from flowrt.control.runtime import Runtime
 
 log = logging.getLogger("flowrt")
@@ -30,6 +37,11 @@ CALLER = "caller"
 # how an out edge is treated when a frame is dispatched (precomputed per node by the Runtime);
 # DIRECT is a one-slot direct group: a frame fires it at once, no bucket needed
 PLAIN, DIRECT, STREAM_SLOT, JOIN, TO_CALLER = "plain", "direct", "stream_slot", "join", "caller"
+# eager tasks (3.12+) run a role at once, inside the launching task's step; activations that make
+# others ready nest, so past this depth new ones are scheduled on the loop instead (loops of
+# synchronous roles would otherwise recurse once per round)
+EAGER_TASKS = sys.version_info >= (3, 12)
+MAX_EAGER_DEPTH = 16
 
 
 def dispatch_table(tables: dict[str, NodeTables]) -> dict[str, tuple]:
@@ -92,6 +104,7 @@ class Call:
         self.plan = runtime.bundle.plan["graphs"][graph]
         self.tables: dict[str, NodeTables] = runtime.node_tables[graph]
         self.dispatch = runtime.dispatch[graph]
+        self.invokers = runtime.invokers[graph]
         self.inputs = inputs
         self.session = session
         self.call_id = call_id
@@ -108,7 +121,8 @@ class Call:
         self.running = 0  # activations running as tasks
         self.running_by_node: dict[str, int] = defaultdict(int)
         self.tasks: set[asyncio.Task] = set()
-        self._tail: list[Activation] | None = None  # activations made ready by a finishing one
+        self._ready: list[Activation] = []  # fired, not yet launched (see the module's docstring)
+        self._eager_depth = 0
         self.aids = itertools.count(1)
         self.session_counters: dict[str, int] = defaultdict(int)
         self.cancelled = False
@@ -127,6 +141,7 @@ class Call:
         act = Activation(start, 0, next(self.aids), dict(self.inputs), (), 0)
         self._dispatch_frame(act, dict(self.inputs), 0, None)
         self._activation_done(act, ran=False)
+        self._launch()
 
     def _activation_done(self, act: Activation, ran: bool) -> None:
         self.in_flight -= 1
@@ -266,17 +281,16 @@ class Call:
 
     def _all_fields_ended(self, tables: NodeTables) -> bool:
         for join in tables.join or ():  # noqa: SIM110 - a plain loop: this runs at every activation's end
-            if join.threshold is None and not self._upstream_ended(join.upstream):
+            if join.threshold is None and not self._upstream_ended(join.upstream_set):
                 return False
         return True
 
-    def _upstream_ended(self, nodes: tuple[str, ...]) -> bool:
+    def _upstream_ended(self, nodes: frozenset[str]) -> bool:
         running = self.running_by_node
         for node in nodes:
             if running[node]:
                 return False
-        wanted = set(nodes)
-        return not any(key[0] in wanted for key in self.buckets)
+        return not any(key[0] in nodes for key in self.buckets)
 
     def _check_joins(self) -> None:
         for node in list(self.joins):
@@ -306,13 +320,26 @@ class Call:
 
     def _spawn(self, act: Activation) -> None:
         self.running += 1
-        if self._tail is not None:
-            self._tail.append(act)  # started when the finishing activation's bookkeeping is done
-        else:
+        self._ready.append(act)
+
+    def _launch(self) -> None:
+        """Start every ready activation in a task of its own (the end of a step of the call)."""
+        ready, self._ready = self._ready, []
+        for act in ready:
             self._start_task(act)
 
     def _start_task(self, act: Activation) -> None:
-        task = asyncio.get_running_loop().create_task(self._run(act))
+        loop = asyncio.get_running_loop()
+        if EAGER_TASKS and self._eager_depth < MAX_EAGER_DEPTH:
+            self._eager_depth += 1
+            try:
+                task = asyncio.Task(self._run(act), loop=loop, eager_start=True)
+            finally:
+                self._eager_depth -= 1
+            if task.done():
+                return  # it ran to its end without suspending
+        else:
+            task = loop.create_task(self._run(act))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -334,18 +361,18 @@ class Call:
 
     async def _run_one(self, act: Activation) -> list[Activation]:
         tables = self.tables[act.node]
-        role, interface = act.node.split(".", 1)
+        binding, interface, timeout = self.invokers[act.node]
+        role = binding.name
         streams: dict[tuple, bool] = {}
         reason: Reason | None = None
         try:
             if self.cancelled:
                 raise asyncio.CancelledError
-            timeout = self.runtime.roles[role].interfaces[interface].timeout_s
             if timeout is None:
-                await self._produce(act, role, interface, streams)
+                await self._produce(act, binding, interface, streams)
             else:
                 async with asyncio.timeout(timeout):
-                    await self._produce(act, role, interface, streams)
+                    await self._produce(act, binding, interface, streams)
         except TimeoutError:
             reason = Reason.CANCEL
             self.errors.append({"role": role, "interface": interface, "message": f"timed out after {timeout:g}s"})
@@ -357,8 +384,7 @@ class Call:
             self.errors.append({"role": role, "interface": interface, "message": f"{type(error).__name__}: {error}"})
             log.debug("role %s.%s raised", role, interface, exc_info=True)
         finally:
-            if self._tail is None:
-                self._tail = []
+            # what this activation's end (or its returned frame) readies goes on in this task
             if act.yielded == 0:
                 self._dispatch_phantom(act, reason or Reason.EMPTY, (act.node, act.aid))
             if streams:
@@ -366,32 +392,35 @@ class Call:
             self.running_by_node[act.node] -= 1
             self.running -= 1
             self._activation_done(act, ran=True)
-            ready, self._tail = self._tail, None
+            ready, self._ready = self._ready, []
         return ready
 
-    async def _produce(self, act: Activation, role: str, interface: str, streams: dict) -> None:
+    async def _produce(self, act: Activation, binding: RoleBinding, interface: str, streams: dict) -> None:
         """Run the user's method and dispatch each frame as it comes (no wrapper generator between)."""
-        runtime = self.runtime
         extras: list = []
         try:
-            result, extras = runtime.begin(role, interface, self, act)
+            result, extras = binding.begin(interface, self, act)
             if isinstance(result, AsyncGeneratorType):
                 async for frame in result:
                     if type(frame) is not dict:
                         _frame(frame, act.node)
                     self._dispatch_frame(act, frame, act.yielded, streams)
                     act.yielded += 1
+                    if self._ready:
+                        self._launch()
             else:
                 frame = await result
                 if frame is not None:
-                    if not extras:
-                        self._tail = []  # the role has finished: what its frame makes ready can run in this task
+                    # the role has finished: what its frame readies runs in this task once its
+                    # bookkeeping is done, unless broadcast replicas are still to be drained
                     self._dispatch_frame(act, _frame(frame, act.node), 0, streams)
                     act.yielded = 1
+                    if extras and self._ready:
+                        self._launch()
             for extra in extras:  # broadcast: the other replicas run for their side effects
-                await runtime.drain(extra)
+                await binding.drain(extra)
         finally:
-            runtime.finished(role, act, extras)
+            binding.finished(act, extras)
 
     # ── outbound ──
 
@@ -421,7 +450,11 @@ class Call:
     def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
         tables = self.tables[act.node]
         roots = self._out_roots(act, tables, yidx) if tables.diamond_root or (act.roots and tables.carried_roots) else ()
-        seq = self._out_seq(act, tables, yidx)
+        if tables.session:  # _out_seq, inline: this runs once per frame
+            seq = self.session_counters[act.node]
+            self.session_counters[act.node] = seq + 1
+        else:
+            seq = yidx if tables.stream else act.seq
         own_key = (act.node, act.aid, yidx)  # Rule A: the producing activation and frame
         for name, targets in self.dispatch[act.node]:
             if name in frame:
@@ -545,6 +578,7 @@ class Call:
             "joins": len(self.joins),
             "sequencers": len(self.sequencers),
             "tasks": len(self.tasks),
+            "unlaunched": len(self._ready),
             "in_flight": self.in_flight,
             "running": self.running,
             "unreachable_dedup": len(self.seen_unreachable),

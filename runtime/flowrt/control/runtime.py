@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import itertools
 import logging
 import sys
-import zlib
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -26,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from flowrt.bundle import Bundle, load_bundle
-from flowrt.control.call import Activation, Call, dispatch_table
+from flowrt.control.call import Call, dispatch_table
+from flowrt.control.roles import Context, RoleBinding
 from flowrt.tables import NodeTables, RoleSpec, node_tables
 
 
@@ -40,20 +39,6 @@ class UnknownGraph(FlowrtError):
 
 class BadInputs(FlowrtError):
     """A call's inputs do not match the graph's entry placeholders."""
-
-
-@dataclass(slots=True)
-class Context:
-    """What a role's method receives as `ctx`."""
-
-    session: str
-    call_id: int
-    graph: str
-    role: str
-    interface: str
-    globals: dict[str, Any]
-    logger: logging.Logger
-    replica: int
 
 
 @dataclass
@@ -109,12 +94,13 @@ class Runtime:
         self.session_ordered = {graph: self._ordered_sessions(tables) for graph, tables in self.node_tables.items()}
         self.dispatch = {graph: dispatch_table(tables) for graph, tables in self.node_tables.items()}
         self.instances: dict[str, list[Any]] = {}
+        self.bindings: dict[str, RoleBinding] = {}
+        # per graph, per interface node: (its role's binding, interface name, timeout in seconds)
+        self.invokers: dict[str, dict[str, tuple[RoleBinding, str, float | None]]] = {}
         self.globals: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
         self.scheduler = GCScheduler()
         self.calls: set[Call] = set()
         self.call_ids = itertools.count(1)
-        self.rr: dict[str, int] = defaultdict(int)
-        self.load: dict[tuple[str, int], int] = defaultdict(int)
         self.log = logging.getLogger(f"flowrt.{bundle.name}")
         self.last_call: Call | None = None  # the most recent finished call, for inspection
         self._idle = asyncio.Event()  # set while no call is in flight
@@ -146,6 +132,17 @@ class Runtime:
                 if setup is not None:
                     ctx = Context("", 0, "", name, "setup", {}, self.log, replica)
                     await setup(ctx)
+            self.bindings[name] = RoleBinding(role, self.instances[name], self.globals, self.log)
+        for graph, tables in self.node_tables.items():
+            self.invokers[graph] = {
+                node_id: (self.bindings[node.role], node_id.split(".", 1)[1], self._timeout(node_id))
+                for node_id, node in tables.items()
+                if node.kind == "interface"
+            }
+
+    def _timeout(self, node_id: str) -> float | None:
+        role, interface = node_id.split(".", 1)
+        return self.roles[role].interfaces[interface].timeout_s
 
     def _import_impl(self, role: RoleSpec) -> type:
         module_name, _, class_name = role.impl.partition(":")
@@ -184,61 +181,6 @@ class Runtime:
             sources = {tables[s.producer].order_source for g in node.groups for s in g.slots if s.producer in tables}
             ordered[node_id] = not node.in_cycle and len(sources) == 1 and None not in sources
         return ordered
-
-    def _replica(self, role: RoleSpec, session: str) -> int:
-        count = len(self.instances[role.name])
-        if role.lb == "session":
-            return zlib.crc32(session.encode()) % count
-        if role.lb == "load_aware":
-            return min(range(count), key=lambda r: (self.load[(role.name, r)], r))
-        index = self.rr[role.name] % count
-        self.rr[role.name] += 1
-        return index
-
-    def begin(self, role_name: str, interface: str, call: Call, act: Activation) -> tuple[Any, list[tuple[int, Any]]]:
-        """Start one activation on its replica(s): the chosen replica's result (an async generator
-        or an awaitable) and, for `lb broadcast`, the other replicas' results. Pair with `finished`."""
-        role = self.roles[role_name]
-        replicas = range(len(self.instances[role_name])) if role.lb == "broadcast" else (self._replica(role, call.session),)
-        results = []
-        for replica in replicas:
-            instance = self.instances[role_name][replica]
-            method = getattr(instance, interface, None)
-            if method is None:
-                raise AttributeError(f"{type(instance).__name__} has no method `{interface}`")
-            ctx = Context(
-                call.session,
-                call.call_id,
-                call.graph,
-                role_name,
-                interface,
-                {name: self.globals[(call.session, name)] for name in role.uses} if role.uses else {},
-                self.log,
-                replica,
-            )
-            results.append((replica, method(ctx, **act.inputs)))
-            self.load[(role_name, replica)] += 1
-            act.replicas += (replica,)
-        return results[0][1], results[1:]
-
-    @staticmethod
-    async def drain(extra: tuple[int, Any]) -> None:
-        """Run a broadcast replica's activation to its end; only the chosen replica's frames count."""
-        result = extra[1]
-        if inspect.isasyncgen(result):
-            async for _ in result:
-                pass
-        else:
-            await result
-
-    def finished(self, role_name: str, act: Activation, extras: list) -> None:
-        for replica in act.replicas:
-            self.load[(role_name, replica)] -= 1
-            if self.load[(role_name, replica)] == 0:
-                del self.load[(role_name, replica)]
-        for _, result in extras:
-            if inspect.iscoroutine(result) and result.cr_frame is not None and not result.cr_running:
-                result.close()  # a broadcast replica never awaited (the chosen one raised): no warning
 
     # ── calls ──
 
@@ -303,4 +245,9 @@ class Runtime:
         for call in self.calls:
             for key, value in call.statistics().items():
                 totals[key] += value
-        return {"calls": len(self.calls), **totals, **self.scheduler.statistics(), "busy_replicas": len(self.load)}
+        return {
+            "calls": len(self.calls),
+            **totals,
+            **self.scheduler.statistics(),
+            "busy_replicas": sum(b.busy_replicas() for b in self.bindings.values()),
+        }

@@ -28,12 +28,21 @@ class Reason(Enum):
 
     @classmethod
     def worst(cls, reasons) -> Reason:
-        order = {cls.EMPTY: 0, cls.CANCEL: 1, cls.ERROR: 2}
-        return max(reasons, key=order.__getitem__, default=cls.EMPTY)
+        """The most serious of `reasons` (error > cancel > empty); empty when there are none."""
+        worst = cls.EMPTY
+        for reason in reasons:
+            if reason is cls.ERROR:
+                return reason
+            if reason is cls.CANCEL:
+                worst = reason
+        return worst
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Signal:
+    """Not frozen: a frozen dataclass pays an `object.__setattr__` per field (5x slower to build),
+    and one is built per frame and edge. Nothing mutates a signal once sent."""
+
     kind: Kind
     field: str
     key: tuple  # the bucket key (activation id of the receiving group)
