@@ -142,3 +142,64 @@ def test_a_roles_own_timeout_cancels_only_that_role(tmp_path, monkeypatch, eager
         assert_clean(rt)
 
     asyncio.run(main())
+
+
+STARTED_LATE = """
+placeholder request: Json
+
+role source {
+    impl "m:Source"
+    interface run {
+        in  request
+        out stream a_shown: Json, x: Json
+    }
+}
+
+role work {
+    impl "m:Work"
+    interface run { in x  out done: Json }
+}
+
+graph g {
+    entry  request
+    stream a_shown
+    return done
+}
+"""
+
+
+class Source:
+    async def run(self, ctx, request):
+        # a_shown reaches the caller before x readies `work`, so the caller wakes first in the
+        # next turn of the loop, ahead of work's new task
+        yield {"a_shown": 1, "x": 1}
+        await asyncio.Event().wait()  # until the call is cancelled
+
+
+class Work:
+    def __init__(self):
+        self.ran = False
+
+    async def run(self, ctx, x):
+        self.ran = True
+        return {"done": x}
+
+
+@pytest.mark.parametrize("eager", MODES)
+def test_a_call_cancelled_before_a_new_task_has_started_still_ends(tmp_path, monkeypatch, eager):
+    """The caller leaves while an activation's task is created but has not run yet: cancelling
+    that task would skip its body (and its bookkeeping) entirely, so the call must not."""
+    monkeypatch.setattr(call_module, "EAGER_TASKS", eager)
+
+    async def main():
+        work = Work()
+        rt = await open_runtime(STARTED_LATE, tmp_path, {"source": Source(), "work": work})
+        stream = rt.call("g", {"request": 1})
+        first = await stream.__anext__()
+        assert first == {"event": "stream", "field": "a_shown", "value": 1}
+        await stream.aclose()  # the caller goes away in this very step: cancels the call
+        assert rt.last_call is not None and rt.last_call.finished.is_set()
+        assert not work.ran  # it was cancelled before its role ran
+        assert_clean(rt)
+
+    asyncio.run(asyncio.wait_for(main(), 10))  # a call that never ends fails here, not by hanging

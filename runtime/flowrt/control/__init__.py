@@ -1,14 +1,15 @@
 """flowrt's control flow: node tables executed by lookup, buckets, order, joins, completion.
 
-The public names are re-exported here; the modules own one piece each (signals, bucket,
-sequencer, call, runtime).
+The public names are re-exported here; the modules own one piece each (program, signals,
+bucket, sequencer, roles, call, runtime).
 """
 
-from flowrt.control.bucket import Bucket, Outcome
+from flowrt.control.bucket import Bucket
 from flowrt.control.call import Call
-from flowrt.control.runtime import BadInputs, Context, FlowrtError, GCScheduler, Runtime, UnknownGraph
+from flowrt.control.roles import Context
+from flowrt.control.runtime import BadInputs, FlowrtError, GCScheduler, Runtime, UnknownGraph
 from flowrt.control.sequencer import Sequencer
-from flowrt.control.signals import Kind, Reason, Signal
+from flowrt.control.signals import Reason
 
 __all__ = [
     "BadInputs",
@@ -17,11 +18,8 @@ __all__ = [
     "Context",
     "FlowrtError",
     "GCScheduler",
-    "Kind",
-    "Outcome",
     "Reason",
     "Runtime",
     "Sequencer",
-    "Signal",
     "UnknownGraph",
 ]

@@ -2,153 +2,130 @@
 order, completion (DESIGN §4; docs/runtime.md gives the rules this module implements).
 
 Delivery is synchronous: a signal goes inbound → bucket → fire on one call chain with no await,
-so bucket state never interleaves. A fired activation is only queued there (`_ready`); it is
+so bucket state never interleaves. A fired activation is only queued there (`ready`); it is
 launched when the step that readied it is over (after a frame's dispatch, at a call's start,
 at an activation's end), so the user's code never runs inside the state machine. It then runs
 in a task (the user's code may await): the finished activation's own task when it became ready
 only as that one ended, else a new one. On Python 3.12+ a new task starts eagerly: the role runs
 at once and a task that never suspends costs no turn of the event loop. The call ends when its
-ActivityTracker counts nothing in flight; then every table of the call is empty, which
-`statistics()` lets tests assert.
+in-flight count reaches zero; then every table of the call is empty, which `statistics()` lets
+tests assert.
+
+Signals are not objects: ARRIVED, SLOT_EOS and UNREACHABLE are the methods `_arrive`, `_end`
+and `_unreachable`, taking the edge, the key and what the signal carries.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import sys
-from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from collections import deque
 from types import AsyncGeneratorType
 from typing import TYPE_CHECKING, Any
 
-from flowrt.control.bucket import Bucket, Outcome
+from flowrt.control import bucket as _bucket
+from flowrt.control import program as _program
+from flowrt.control.bucket import Bucket
+from flowrt.control.program import Edge, GraphProgram, NodeProgram
 from flowrt.control.sequencer import Sequencer
-from flowrt.control.signals import Kind, Reason, Signal
-from flowrt.tables import NodeTables, Target
+from flowrt.control.signals import Reason
 
 if TYPE_CHECKING:
-    from flowrt.control.roles import RoleBinding
     from flowrt.control.runtime import Runtime
 
 log = logging.getLogger("flowrt")
-CALLER = "caller"
-# how an out edge is treated when a frame is dispatched (precomputed per node by the Runtime);
-# DIRECT is a one-slot direct group: a frame fires it at once, no bucket needed
-PLAIN, DIRECT, STREAM_SLOT, JOIN, TO_CALLER = "plain", "direct", "stream_slot", "join", "caller"
 # eager tasks (3.12+) run a role at once, inside the launching task's step; activations that make
 # others ready nest, so past this depth new ones are scheduled on the loop instead (loops of
 # synchronous roles would otherwise recurse once per round)
 EAGER_TASKS = sys.version_info >= (3, 12)
 MAX_EAGER_DEPTH = 16
+# what the hot path compares with (the compiled core holds them as C values: call.pxd)
+CALLER, DIRECT, JOIN, STREAM_SLOT = _program.CALLER, _program.DIRECT, _program.JOIN, _program.STREAM_SLOT
+WAITING, FIRED = _bucket.WAITING, _bucket.FIRED
+EMPTY, ERROR, CANCEL = Reason.EMPTY, Reason.ERROR, Reason.CANCEL
 
 
-def dispatch_table(tables: dict[str, NodeTables]) -> dict[str, tuple]:
-    """Per node: (field, ((target, kind), ...)) for every out field, classified once."""
-    result = {}
-    for node_id, node in tables.items():
-        fields = []
-        for name, targets in node.control.items():
-            classified = []
-            for target in targets:
-                if target.node == CALLER:
-                    kind = TO_CALLER
-                elif target.aid_rule == "join":
-                    kind = JOIN
-                elif tables[target.node].groups[target.group].slots[target.slot].stream:
-                    kind = STREAM_SLOT
-                elif _single_direct(tables[target.node].groups[target.group]):
-                    kind = DIRECT
-                else:
-                    kind = PLAIN
-                classified.append((target, kind))
-            fields.append((name, tuple(classified)))
-        result[node_id] = tuple(fields)
-    return result
-
-
-@dataclass(slots=True)
 class Activation:
-    node: str
-    group: int
-    aid: int
-    inputs: dict[str, Any]
-    roots: tuple
-    seq: int
-    replicas: tuple[int, ...] = ()  # the replicas it runs on (set when it starts)
-    yielded: int = 0  # frames produced so far
+    __slots__ = ("node", "group", "aid", "inputs", "roots", "seq", "replica", "yielded")
+
+    def __init__(self, node: NodeProgram, group: int, aid: int, inputs: dict, roots: tuple, seq: int):
+        self.node = node
+        self.group = group
+        self.aid = aid
+        self.inputs = inputs
+        self.roots = roots  # diamond-root entries (root index, aid, yield index), outermost first
+        self.seq = seq
+        self.replica = -1  # the replica it runs on, once started
+        self.yielded = 0  # frames produced so far
 
 
-@dataclass
 class JoinState:
-    values: dict[str, list] = field(default_factory=dict)
-    fired: bool = False
+    __slots__ = ("values", "fired")
 
-
-@dataclass
-class CallerState:
-    """What the caller has seen: streamed frames (reordered where `ordered`), returns, errors."""
-
-    ordered: dict[str, bool]
-    expected: dict[str, int] = field(default_factory=dict)
-    buffer: dict[str, dict[int, tuple[bool, Any]]] = field(default_factory=lambda: defaultdict(dict))
-    returned: set[str] = field(default_factory=set)
-    errored: set[str] = field(default_factory=set)
+    def __init__(self) -> None:
+        self.values: dict[str, list] = {}
+        self.fired = False
 
 
 class Call:
-    def __init__(self, runtime: Runtime, graph: str, inputs: dict[str, Any], session: str, call_id: int):
+    def __init__(self, runtime: Runtime, program: GraphProgram, inputs: dict[str, Any], session: str, call_id: int):
         self.runtime = runtime
-        self.graph = graph
-        self.plan = runtime.bundle.plan["graphs"][graph]
-        self.tables: dict[str, NodeTables] = runtime.node_tables[graph]
-        self.dispatch = runtime.dispatch[graph]
-        self.invokers = runtime.invokers[graph]
+        self.program = program
+        self.graph = program.name
         self.inputs = inputs
         self.session = session
         self.call_id = call_id
         self.outbox: deque[dict | None] = deque()  # events for the caller; None ends the call
-        self._outbox_waiter: asyncio.Future | None = None
+        self.waiter: asyncio.Future | None = None  # the caller, waiting for an event
         self.errors: list[dict[str, str]] = []
         self.buckets: dict[tuple, Bucket] = {}
         self.resolved: set[tuple] = set()  # keys of buckets that fired or died, so late signals are dropped
-        self.joins: dict[str, JoinState] = {}
-        self.joins_done: set[str] = set()
-        self.sequencers: dict[str, Sequencer] = {}
+        self.open_buckets = [0] * len(program.nodes)  # open buckets per node (join completion)
+        self.joins: dict[int, JoinState] = {}
+        self.joins_done: set[int] = set()
+        self.sequencers: dict[int, Sequencer] = {}
         self.seen_unreachable: set[tuple] = set()
         self.in_flight = 0  # activations scheduled, queued at a session node, or running
-        self.running = 0  # activations running as tasks
-        self.running_by_node: dict[str, int] = defaultdict(int)
+        self.running = 0  # activations launched or waiting to be
+        self.running_by_node = [0] * len(program.nodes)
+        self.session_counters = [0] * len(program.nodes)
         self.tasks: set[asyncio.Task] = set()
-        self._ready: list[Activation] = []  # fired, not yet launched (see the module's docstring)
-        self._eager_depth = 0
-        self.aids = itertools.count(1)
-        self.session_counters: dict[str, int] = defaultdict(int)
+        self.ready: list[Activation] = []  # fired, not yet launched (see the module's docstring)
+        self.eager_depth = 0
+        self.last_aid = 0
         self.cancelled = False
         self.finished = asyncio.Event()
-        outputs = self.plan["outputs"]
-        self.caller = CallerState(ordered={o["field"]: o["ordered"] for o in outputs if o["kind"] == "stream"})
-        self.returns = [o["field"] for o in outputs if o["kind"] == "return"]
-        self.return_fields = frozenset(self.returns)
+        # the caller's view: per streamed output the next SeqId due and the frames waiting for it
+        self.expected = [0] * len(program.streams)
+        self.buffers: list[dict | None] = [None] * len(program.streams)
+        self.returned: set[str] = set()
+        self.errored: set[str] = set()
         self.activations: list[tuple[str, int]] = []  # (node, group) of every activation, for tests
 
     # ── start and completion ──
 
     def start(self) -> None:
-        start = self.plan["start"]
         self.in_flight += 1
-        act = Activation(start, 0, next(self.aids), dict(self.inputs), (), 0)
+        act = Activation(self.program.start, 0, self._aid(), self.inputs, (), 0)
         self._dispatch_frame(act, dict(self.inputs), 0, None)
-        self._activation_done(act, ran=False)
+        self._activation_done(act, False)
         self._launch()
+
+    def _aid(self) -> int:
+        self.last_aid += 1
+        return self.last_aid
 
     def _activation_done(self, act: Activation, ran: bool) -> None:
         self.in_flight -= 1
-        if act.node in self.sequencers:
-            self.sequencers[act.node].settle(act.seq, act.group, ran)
-        if self.joins:
-            self._check_joins()
+        node = act.node
+        if node.session:
+            sequencer = self.sequencers.get(node.index)
+            if sequencer is not None:
+                self._spawn(sequencer.settle(act.seq, act.group, ran))
+        for join in node.join_watchers:
+            if join.index in self.joins:
+                self._try_join(join, False)
         if self.running == 0:
             self._quiesce()
 
@@ -156,11 +133,13 @@ class Call:
         """Nothing is running: release a stalled session queue, settle joins, or finish the call."""
         if self.in_flight > 0:
             for sequencer in self.sequencers.values():
-                if sequencer.release_stalled():
+                act = sequencer.release_stalled()
+                if act is not None:
+                    self._spawn(act)
                     return
             return
-        for node, tables in self.tables.items():
-            if tables.join is not None and node not in self.joins_done and self._try_join(node, final=True):
+        for join in self.program.joins:
+            if join.index not in self.joins_done and self._try_join(join, True):
                 return
         if self.in_flight == 0 and self.running == 0:
             self._finish()
@@ -168,17 +147,17 @@ class Call:
     def _finish(self) -> None:
         if self.finished.is_set():
             return
-        for name in list(self.caller.buffer):
-            self._flush_stream(name, final=True)
-        missing = [f for f in self.returns if f not in self.caller.returned]
-        errored_outputs = self.caller.errored | ({*missing} if self.errors else set())
+        for index, buffer in enumerate(self.buffers):
+            if buffer is not None:
+                self._flush_stream(index, True)
+        missing = [f for f in self.program.returns if f not in self.returned]
+        errored_outputs = self.errored | ({*missing} if self.errors else set())
         status = "cancelled" if self.cancelled else ("error" if self.errors and errored_outputs else "ok")
         self.buckets.clear()
         self.resolved.clear()
         self.sequencers.clear()
         self.joins.clear()
         self.joins_done.clear()
-        self.running_by_node.clear()
         self.seen_unreachable.clear()
         self._emit({"event": "done", "status": status, "errors": list(self.errors), "missing": missing})
         self._emit(None)
@@ -191,157 +170,173 @@ class Call:
         for task in list(self.tasks):
             task.cancel()
 
-    # ── inbound ──
+    # ── inbound: the three signals ──
 
-    def deliver(self, target: Target, signal: Signal) -> None:
-        if target.node == CALLER:
-            self._to_caller(signal)
+    def _arrive(self, edge: Edge, key: tuple, value: Any, roots: tuple, seq: int) -> None:
+        """ARRIVED at a bucket or stream slot."""
+        node = edge.node
+        bucket_key = (node.index, edge.group.index, key)
+        bucket = self.buckets.get(bucket_key)
+        if bucket is None:
+            if bucket_key in self.resolved:
+                return  # the bucket already fired or died (a critical slot ended it early)
+            bucket = self._open_bucket(edge, bucket_key, roots, seq)
+        outcome = bucket.arrived(edge.slot, value)
+        if outcome != WAITING:
+            self._close_bucket(edge, bucket_key, bucket, outcome)
+
+    def _end(self, edge: Edge, key: tuple) -> None:
+        """SLOT_EOS: the stream feeding a stream slot ended after delivering frames."""
+        bucket_key = (edge.node.index, edge.group.index, key)
+        bucket = self.buckets.get(bucket_key)
+        if bucket is None:
+            return  # frames came, so the bucket existed: it has resolved since
+        outcome = bucket.ended(edge.slot)
+        if outcome != WAITING:
+            self._close_bucket(edge, bucket_key, bucket, outcome)
+
+    def _unreachable(self, edge: Edge, key: tuple, roots: tuple, seq: int, reason: Reason, origin: tuple | None) -> None:
+        kind = edge.kind
+        if kind == CALLER:
+            self._caller_missed(edge, reason, seq)
             return
-        tables = self.tables[target.node]
-        group = tables.groups[target.group]
-        if group.routing == "join":
-            if signal.kind is Kind.ARRIVED:
-                state = self.joins.setdefault(target.node, JoinState())
-                if not state.fired:
-                    state.values.setdefault(signal.field, []).append(signal.value)
-                    self._try_join(target.node, final=False)
-            return
-        if signal.kind is Kind.UNREACHABLE and tables.in_cycle and signal.origin is not None:
-            dedup = (signal.origin, target.node, target.group, target.slot)
+        if kind == JOIN:
+            return  # a join counts arrivals only; `all` fields end with their upstream
+        node = edge.node
+        group = edge.group
+        if node.in_cycle and origin is not None:
+            dedup = (origin, node.index, group.index, edge.slot)
             if dedup in self.seen_unreachable:
                 return
             self.seen_unreachable.add(dedup)
-        if group.routing == "direct" and len(group.slots) == 1:
-            # one slot filled by one frame: the bucket would resolve on this very signal
-            if signal.kind is Kind.ARRIVED:
-                act = Activation(
-                    target.node, target.group, next(self.aids), {signal.field: signal.value}, signal.roots, signal.seq
-                )
-                self._schedule(act)
-            else:
-                reason = signal.reason or Reason.EMPTY
-                self._resolved(target.node, target.group, Outcome(False, {}, reason, signal.roots, signal.seq, signal.origin))
+        if kind == DIRECT:
+            # one slot filled by one frame: the bucket would die on this very signal
+            act = Activation(node, group.index, self._aid(), {}, roots, seq)
+            self._dead(act, reason, origin)
             return
-        key = (target.node, target.group, signal.key)
-        bucket = self.buckets.get(key)
+        bucket_key = (node.index, group.index, key)
+        bucket = self.buckets.get(bucket_key)
         if bucket is None:
-            if key in self.resolved:
-                return  # the bucket already fired or died (a critical slot ended it early)
-            bucket = self.buckets[key] = Bucket(group)
-        outcome = bucket.offer(signal)
-        if outcome is not None:
-            del self.buckets[key]
-            self.resolved.add(key)
-            self._resolved(target.node, target.group, outcome)
+            if bucket_key in self.resolved:
+                return
+            bucket = self._open_bucket(edge, bucket_key, roots, seq)
+        outcome = bucket.unreachable(edge.slot, reason, origin)
+        if outcome != WAITING:
+            self._close_bucket(edge, bucket_key, bucket, outcome)
 
-    def _resolved(self, node: str, group: int, outcome: Outcome) -> None:
-        act = Activation(node, group, next(self.aids), outcome.inputs, outcome.roots, outcome.seq)
-        if outcome.fired:
-            self._schedule(act)
-            return
+    def _open_bucket(self, edge: Edge, bucket_key: tuple, roots: tuple, seq: int) -> Bucket:
+        bucket = self.buckets[bucket_key] = Bucket(edge.group, roots, seq)
+        self.open_buckets[edge.node.index] += 1
+        return bucket
+
+    def _close_bucket(self, edge: Edge, bucket_key: tuple, bucket: Bucket, outcome: int) -> None:
+        del self.buckets[bucket_key]
+        self.resolved.add(bucket_key)
+        node = edge.node
+        self.open_buckets[node.index] -= 1
+        if outcome == FIRED:
+            self._schedule(Activation(node, edge.group.index, self._aid(), bucket.inputs(), bucket.roots, bucket.seq))
+        else:
+            act = Activation(node, edge.group.index, self._aid(), {}, bucket.roots, bucket.seq)
+            self._dead(act, bucket.reason or EMPTY, bucket.origin)
+
+    def _dead(self, act: Activation, reason: Reason, origin: tuple | None) -> None:
+        """A group that will not fire for this key: its activation becomes a phantom."""
         self.in_flight += 1
-        origin = outcome.origin or (node, act.aid)
-        self._dispatch_phantom(act, outcome.reason or Reason.EMPTY, origin)
-        self._activation_done(act, ran=False)
+        self._dispatch_phantom(act, reason, origin or (act.node.index, act.aid))
+        self._activation_done(act, False)
 
-    def _try_join(self, node: str, final: bool) -> bool:
-        state = self.joins.get(node)
-        tables = self.tables[node]
+    # ── joins ──
+
+    def _join_arrived(self, node: NodeProgram, name: str, value: Any) -> None:
+        state = self.joins.get(node.index)
+        if state is None:
+            state = self.joins[node.index] = JoinState()
+        if not state.fired:
+            values = state.values.get(name)
+            if values is None:
+                state.values[name] = [value]
+            else:
+                values.append(value)
+            self._try_join(node, False)
+
+    def _try_join(self, node: NodeProgram, final: bool) -> bool:
+        state = self.joins.get(node.index)
         if state is None:
             if not final:
                 return False
-            state = self.joins[node] = JoinState()
-        if state.fired or node in self.joins_done:
+            state = self.joins[node.index] = JoinState()
+        if state.fired or node.index in self.joins_done:
             return False
         # counts first (cheap); `all` fields only then: their upstream must have nothing running or pending
-        complete = self._counts_met(tables, state) and (final or self._all_fields_ended(tables))
+        complete = _counts_met(node, state) and (final or self._all_fields_ended(node))
         if not complete:
             if final:
-                del self.joins[node]
-                self.joins_done.add(node)
-                act = Activation(node, 0, next(self.aids), {}, (), 0)
-                self.in_flight += 1
-                self._dispatch_phantom(act, Reason.ERROR if self.errors else Reason.EMPTY, (node, act.aid))
-                self._activation_done(act, ran=False)
+                del self.joins[node.index]
+                self.joins_done.add(node.index)
+                act = Activation(node, 0, self._aid(), {}, (), 0)
+                self._dead(act, ERROR if self.errors else EMPTY, None)
                 return True
             return False
         state.fired = True
-        self.joins_done.add(node)
+        self.joins_done.add(node.index)
         # a counted field passes exactly its first N frames; `all` passes every frame
-        inputs = {j.field: list(state.values.get(j.field, []))[: j.threshold] for j in tables.join or ()}
-        self._schedule(Activation(node, 0, next(self.aids), inputs, (), 0))
+        inputs = {j.field: list(state.values.get(j.field, ()))[: j.threshold] for j in node.join or ()}
+        self._schedule(Activation(node, 0, self._aid(), inputs, (), 0))
         return True
 
-    @staticmethod
-    def _counts_met(tables: NodeTables, state: JoinState) -> bool:
-        for join in tables.join or ():
-            if join.threshold is not None and len(state.values.get(join.field, ())) < join.threshold:
-                return False
-        return True
-
-    def _all_fields_ended(self, tables: NodeTables) -> bool:
-        for join in tables.join or ():  # noqa: SIM110 - a plain loop: this runs at every activation's end
-            if join.threshold is None and not self._upstream_ended(join.upstream_set):
-                return False
-        return True
-
-    def _upstream_ended(self, nodes: frozenset[str]) -> bool:
+    def _all_fields_ended(self, node: NodeProgram) -> bool:
         running = self.running_by_node
-        for node in nodes:
-            if running[node]:
-                return False
-        return not any(key[0] in nodes for key in self.buckets)
-
-    def _check_joins(self) -> None:
-        for node in list(self.joins):
-            self._try_join(node, final=False)
+        buckets = self.open_buckets
+        for join in node.join or ():
+            if join.threshold is None:
+                for upstream in join.upstream:
+                    if running[upstream] or buckets[upstream]:
+                        return False
+        return True
 
     # ── activations ──
 
     def _schedule(self, act: Activation) -> None:
+        node = act.node
         self.in_flight += 1
-        self.running_by_node[act.node] += 1
-        self.activations.append((act.node, act.group))
-        tables = self.tables[act.node]
-        if tables.kind != "interface":
+        self.running_by_node[node.index] += 1
+        self.activations.append((node.id, act.group))
+        if not node.interface:
             self._dispatch_frame(act, dict(act.inputs), 0, None)
-            self.running_by_node[act.node] -= 1
-            self._activation_done(act, ran=True)
+            self.running_by_node[node.index] -= 1
+            self._activation_done(act, True)
             return
-        if tables.session:
-            sequencer = self.sequencers.get(act.node)
+        if node.session:
+            sequencer = self.sequencers.get(node.index)
             if sequencer is None:
-                sequencer = self.sequencers[act.node] = Sequencer(
-                    groups=len(tables.groups), ordered=self.runtime.session_ordered[self.graph][act.node]
-                )
-            sequencer.ready(act.seq, act.group, lambda: self._spawn(act))
+                sequencer = self.sequencers[node.index] = Sequencer(len(node.groups), node.ordered)
+            self._spawn(sequencer.ready(act.seq, act))
         else:
-            self._spawn(act)
+            self.running += 1
+            self.ready.append(act)
 
-    def _spawn(self, act: Activation) -> None:
-        self.running += 1
-        self._ready.append(act)
+    def _spawn(self, act: Activation | None) -> None:
+        if act is not None:
+            self.running += 1
+            self.ready.append(act)
 
     def _launch(self) -> None:
         """Start every ready activation in a task of its own (the end of a step of the call)."""
-        ready, self._ready = self._ready, []
+        ready, self.ready = self.ready, []
         for act in ready:
             self._start_task(act)
 
     def _start_task(self, act: Activation) -> None:
         loop = asyncio.get_running_loop()
-        if EAGER_TASKS and self._eager_depth < MAX_EAGER_DEPTH:
-            self._eager_depth += 1
+        if EAGER_TASKS and self.eager_depth < MAX_EAGER_DEPTH:
+            self.eager_depth += 1
             try:
-                task = asyncio.Task(self._run(act), loop=loop, eager_start=True)
+                asyncio.Task(self._run(act), loop=loop, eager_start=True)
             finally:
-                self._eager_depth -= 1
-            if task.done():
-                return  # it ran to its end without suspending
+                self.eager_depth -= 1
         else:
-            task = loop.create_task(self._run(act))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+            loop.create_task(self._run(act))
 
     async def _run(self, act: Activation) -> None:
         """Run an activation, then any its end made ready: the first in this task, the rest in new ones.
@@ -350,214 +345,194 @@ class Call:
         producer returned its frame, or its end fired a join or released a session queue) would
         otherwise need a new task while this one ends; running it here saves the task and a
         turn of the event loop. Nothing is deferred across an await, so concurrency is unchanged.
+
+        The task is in `tasks` (what `cancel` cancels) only while this body runs: a task
+        cancelled before its first step would never run it, and its activation would never end.
+        Created but not started, it starts, finds the call cancelled and ends as cancelled.
         """
-        while True:
-            ready = await self._run_one(act)
-            if not ready:
-                return
-            act = ready[0]
-            for other in ready[1:]:
-                self._start_task(other)
-
-    async def _run_one(self, act: Activation) -> list[Activation]:
-        tables = self.tables[act.node]
-        binding, interface, timeout = self.invokers[act.node]
-        role = binding.name
-        streams: dict[tuple, bool] = {}
-        reason: Reason | None = None
+        task = asyncio.current_task()
+        self.tasks.add(task)
         try:
-            if self.cancelled:
-                raise asyncio.CancelledError
-            if timeout is None:
-                await self._produce(act, binding, interface, streams)
-            else:
-                async with asyncio.timeout(timeout):
-                    await self._produce(act, binding, interface, streams)
-        except TimeoutError:
-            reason = Reason.CANCEL
-            self.errors.append({"role": role, "interface": interface, "message": f"timed out after {timeout:g}s"})
-            self.cancel()
-        except asyncio.CancelledError:
-            reason = Reason.CANCEL
-        except Exception as error:  # noqa: BLE001 - a role's exception ends as unreachable(error), never a hang
-            reason = Reason.ERROR
-            self.errors.append({"role": role, "interface": interface, "message": f"{type(error).__name__}: {error}"})
-            log.debug("role %s.%s raised", role, interface, exc_info=True)
+            while True:
+                node = act.node
+                streams: dict | None = {} if node.feeds_stream_slots else None
+                reason: Reason | None = None
+                try:
+                    if self.cancelled:
+                        raise asyncio.CancelledError
+                    if node.timeout is None:
+                        await self._produce(act, streams)
+                    else:
+                        async with asyncio.timeout(node.timeout):
+                            await self._produce(act, streams)
+                except TimeoutError:
+                    reason = CANCEL
+                    self._error(node, f"timed out after {node.timeout:g}s")
+                    self.cancel()
+                except asyncio.CancelledError:
+                    reason = CANCEL
+                except Exception as error:  # noqa: BLE001 - a role's exception ends as unreachable(error), never a hang
+                    reason = ERROR
+                    self._error(node, f"{type(error).__name__}: {error}")
+                    log.debug("role %s raised", node.id, exc_info=True)
+                finally:
+                    # what this activation's end (or its returned frame) readies goes on in this task
+                    if act.yielded == 0:
+                        self._dispatch_phantom(act, reason or EMPTY, (node.index, act.aid))
+                    if streams:
+                        self._end_streams(act, streams, reason)
+                    self.running_by_node[node.index] -= 1
+                    self.running -= 1
+                    self._activation_done(act, True)
+                ready = self.ready
+                if not ready:
+                    return
+                self.ready = []
+                act = ready[0]
+                for other in ready[1:]:
+                    self._start_task(other)
         finally:
-            # what this activation's end (or its returned frame) readies goes on in this task
-            if act.yielded == 0:
-                self._dispatch_phantom(act, reason or Reason.EMPTY, (act.node, act.aid))
-            if streams:
-                self._end_streams(act, tables, streams, reason)
-            self.running_by_node[act.node] -= 1
-            self.running -= 1
-            self._activation_done(act, ran=True)
-            ready, self._ready = self._ready, []
-        return ready
+            self.tasks.discard(task)
 
-    async def _produce(self, act: Activation, binding: RoleBinding, interface: str, streams: dict) -> None:
+    def _error(self, node: NodeProgram, message: str) -> None:
+        self.errors.append({"role": node.role or "", "interface": node.method, "message": message})
+
+    async def _produce(self, act: Activation, streams: dict | None) -> None:
         """Run the user's method and dispatch each frame as it comes (no wrapper generator between)."""
+        node = act.node
+        binding = node.binding
         extras: list = []
         try:
-            result, extras = binding.begin(interface, self, act)
-            if isinstance(result, AsyncGeneratorType):
+            act.replica, result, extras = binding.begin(node, self.session, self.call_id, self.graph, act.inputs)
+            if type(result) is AsyncGeneratorType:
                 async for frame in result:
                     if type(frame) is not dict:
-                        _frame(frame, act.node)
+                        frame = _frame(frame, node)
                     self._dispatch_frame(act, frame, act.yielded, streams)
                     act.yielded += 1
-                    if self._ready:
+                    if self.ready:
                         self._launch()
             else:
                 frame = await result
                 if frame is not None:
                     # the role has finished: what its frame readies runs in this task once its
                     # bookkeeping is done, unless broadcast replicas are still to be drained
-                    self._dispatch_frame(act, _frame(frame, act.node), 0, streams)
+                    self._dispatch_frame(act, frame if type(frame) is dict else _frame(frame, node), 0, streams)
                     act.yielded = 1
-                    if extras and self._ready:
+                    if extras and self.ready:
                         self._launch()
             for extra in extras:  # broadcast: the other replicas run for their side effects
                 await binding.drain(extra)
         finally:
-            binding.finished(act, extras)
+            binding.finished(act.replica, extras)
 
     # ── outbound ──
 
-    def _out_roots(self, act: Activation, tables: NodeTables, yidx: int) -> tuple:
+    def _out_roots(self, act: Activation, yidx: int) -> tuple:
+        node = act.node
         if not act.roots:
-            return ((act.node, act.aid, yidx),) if tables.diamond_root else ()
-        carried = tables.carried_roots
-        roots = tuple(e for e in act.roots if e[0] in carried and e[0] != act.node)
-        if tables.diamond_root:
-            roots += ((act.node, act.aid, yidx),)  # one entry per root: the newest frame (loops)
+            return ((node.index, act.aid, yidx),) if node.diamond_root else ()
+        carried = node.carried
+        roots = tuple(e for e in act.roots if e[0] in carried and e[0] != node.index)
+        if node.diamond_root:
+            roots += ((node.index, act.aid, yidx),)  # one entry per root: the newest frame (loops)
         return roots
 
-    def _out_seq(self, act: Activation, tables: NodeTables, yidx: int) -> int:
-        if tables.session:
-            seq = self.session_counters[act.node]
-            self.session_counters[act.node] = seq + 1
+    def _out_seq(self, act: Activation, yidx: int) -> int:
+        node = act.node
+        if node.session:  # session nodes re-number their frames 0, 1, ... per call
+            seq = self.session_counters[node.index]
+            self.session_counters[node.index] = seq + 1
             return seq
-        return yidx if tables.stream else act.seq
-
-    def _key(self, act: Activation, target: Target, roots: tuple, yidx: int) -> tuple:
-        if target.aid_rule == "C":
-            for node, aid, index in roots:
-                if node == target.root:
-                    return (node, aid, index)
-        return (act.node, act.aid, yidx)
+        return yidx if node.stream else act.seq
 
     def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
-        tables = self.tables[act.node]
-        roots = self._out_roots(act, tables, yidx) if tables.diamond_root or (act.roots and tables.carried_roots) else ()
-        if tables.session:  # _out_seq, inline: this runs once per frame
-            seq = self.session_counters[act.node]
-            self.session_counters[act.node] = seq + 1
-        else:
-            seq = yidx if tables.stream else act.seq
-        own_key = (act.node, act.aid, yidx)  # Rule A: the producing activation and frame
-        for name, targets in self.dispatch[act.node]:
+        node = act.node
+        roots = self._out_roots(act, yidx) if node.diamond_root or (act.roots and node.carried) else ()
+        seq = self._out_seq(act, yidx)
+        for route in node.routes:
+            name = route.field
             if name in frame:
                 value = frame[name]
-                for target, kind in targets:
-                    if kind is TO_CALLER:
-                        self._caller_arrived(name, value, seq)
-                        continue
-                    if kind is DIRECT:
-                        self._schedule(Activation(target.node, target.group, next(self.aids), {name: value}, roots, seq))
-                        continue
-                    key = own_key if target.aid_rule != "C" else self._key(act, target, roots, yidx)
-                    self.deliver(target, Signal(Kind.ARRIVED, name, key, target.slot, value, roots, seq))
-                    if kind is STREAM_SLOT and streams is not None:
-                        streams[(name, target.node, target.group, target.slot, key)] = True
-                continue
-            for target, kind in targets:
-                if kind is JOIN:
-                    continue
-                key = own_key if target.aid_rule != "C" else self._key(act, target, roots, yidx)
-                if kind is STREAM_SLOT:
-                    if streams is not None:
-                        streams.setdefault((name, target.node, target.group, target.slot, key), False)
-                else:
-                    signal = Signal(Kind.UNREACHABLE, name, key, target.slot, None, roots, seq, Reason.EMPTY, own_key)
-                    self.deliver(target, signal)
+                for edge in route.edges:
+                    kind = edge.kind
+                    if kind == CALLER:
+                        self._caller_arrived(edge, value, seq)
+                    elif kind == DIRECT:
+                        self._schedule(Activation(edge.node, edge.group.index, self._aid(), {name: value}, roots, seq))
+                    elif kind == JOIN:
+                        self._join_arrived(edge.node, name, value)
+                    else:
+                        key = _key(act, edge, roots, yidx)
+                        self._arrive(edge, key, value, roots, seq)
+                        if kind == STREAM_SLOT and streams is not None:
+                            streams[(edge, key)] = True
+            else:
+                for edge in route.absent:
+                    key = _key(act, edge, roots, yidx)
+                    if edge.kind == STREAM_SLOT:
+                        if streams is not None and (edge, key) not in streams:
+                            streams[(edge, key)] = False
+                    else:
+                        self._unreachable(edge, key, roots, seq, EMPTY, (node.index, act.aid, yidx))
 
     def _dispatch_phantom(self, act: Activation, reason: Reason, origin: tuple) -> None:
         """An activation (or bucket) that produced nothing: every edge learns it is unreachable."""
-        tables = self.tables[act.node]
-        roots = self._out_roots(act, tables, 0)
-        seq = self._out_seq(act, tables, 0)
-        for name, targets in tables.control.items():
-            for target in targets:
-                if target.aid_rule == "join":
-                    continue
-                signal = Signal(
-                    Kind.UNREACHABLE, name, self._key(act, target, roots, 0), target.slot, None, roots, seq, reason, origin
-                )
-                self.deliver(target, signal)
+        roots = self._out_roots(act, 0)
+        seq = self._out_seq(act, 0)
+        for route in act.node.routes:
+            for edge in route.absent:
+                self._unreachable(edge, _key(act, edge, roots, 0), roots, seq, reason, origin)
 
-    def _end_streams(self, act: Activation, tables: NodeTables, streams: dict, reason: Reason | None) -> None:
-        if tables.kind != "interface":
-            return
-        for (name, node, group, slot, key), delivered in streams.items():
-            target = Target(node, group, slot, "C", None)
+    def _end_streams(self, act: Activation, streams: dict, reason: Reason | None) -> None:
+        for (edge, key), delivered in streams.items():
             if delivered and reason is None:
-                self.deliver(target, Signal(Kind.SLOT_EOS, name, key, slot))
+                self._end(edge, key)
             else:
-                self.deliver(
-                    target, Signal(Kind.UNREACHABLE, name, key, slot, None, (), 0, reason or Reason.EMPTY, (act.node, act.aid))
-                )
+                self._unreachable(edge, key, (), 0, reason or EMPTY, (act.node.index, act.aid))
 
     # ── the caller ──
 
     def _emit(self, event: dict | None) -> None:
         self.outbox.append(event)
-        if self._outbox_waiter is not None:
-            self._wake_caller()
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
-    def _wake_caller(self) -> None:
-        waiter, self._outbox_waiter = self._outbox_waiter, None
-        if not waiter.done():
-            waiter.set_result(None)
-
-    async def wait_for_events(self) -> None:
-        """Return once the outbox holds an event (the caller's side of `_emit`)."""
-        if not self.outbox:
-            self._outbox_waiter = asyncio.get_running_loop().create_future()
-            await self._outbox_waiter
-
-    def _caller_arrived(self, name: str, value: Any, seq: int) -> None:
-        caller = self.caller
-        ordered = caller.ordered.get(name)
-        if ordered is not None:
-            if not ordered:
-                self._emit({"event": "stream", "field": name, "value": value})
-            elif seq == caller.expected.get(name, 0) and name not in caller.buffer:
-                caller.expected[name] = seq + 1  # the next frame in order: nothing to buffer
-                self.outbox.append({"event": "stream", "field": name, "value": value})
-                if self._outbox_waiter is not None:
-                    self._wake_caller()
+    def _caller_arrived(self, edge: Edge, value: Any, seq: int) -> None:
+        stream = edge.stream
+        if stream >= 0:
+            if not edge.ordered:
+                self._emit({"event": "stream", "field": edge.field, "value": value})
+            elif seq == self.expected[stream] and self.buffers[stream] is None:
+                self.expected[stream] = seq + 1  # the next frame in order: nothing to buffer
+                self._emit({"event": "stream", "field": edge.field, "value": value})
             else:
-                caller.buffer[name][seq] = (True, value)
-                self._flush_stream(name, final=False)
-        if name in self.return_fields and name not in caller.returned:
-            caller.returned.add(name)
-            self._emit({"event": "return", "field": name, "value": value})
+                self._buffer(stream, seq, True, value)
+        if edge.returned and edge.field not in self.returned:
+            self.returned.add(edge.field)
+            self._emit({"event": "return", "field": edge.field, "value": value})
 
-    def _to_caller(self, signal: Signal) -> None:
-        name = signal.field
-        if signal.kind is Kind.ARRIVED:
-            self._caller_arrived(name, signal.value, signal.seq)
-            return
-        if signal.kind is Kind.UNREACHABLE and signal.reason in (Reason.ERROR, Reason.CANCEL):
-            self.caller.errored.add(name)
-        if self.caller.ordered.get(name):
-            self.caller.buffer[name][signal.seq] = (False, None)
-            self._flush_stream(name, final=False)
+    def _caller_missed(self, edge: Edge, reason: Reason, seq: int) -> None:
+        if reason is ERROR or reason is CANCEL:
+            self.errored.add(edge.field)
+        if edge.ordered:
+            self._buffer(edge.stream, seq, False, None)
 
-    def _flush_stream(self, name: str, final: bool) -> None:
-        buffer = self.caller.buffer[name]
-        expected = self.caller.expected.get(name, 0)
+    def _buffer(self, stream: int, seq: int, arrived: bool, value: Any) -> None:
+        buffer = self.buffers[stream]
+        if buffer is None:
+            buffer = self.buffers[stream] = {}
+        buffer[seq] = (arrived, value)
+        self._flush_stream(stream, False)
+
+    def _flush_stream(self, stream: int, final: bool) -> None:
+        buffer = self.buffers[stream]
+        assert buffer is not None
+        name = self.program.streams[stream][0]
+        expected = self.expected[stream]
         while buffer:
             if expected not in buffer:
                 if not final:
@@ -567,9 +542,9 @@ class Call:
             if arrived:
                 self._emit({"event": "stream", "field": name, "value": value})
             expected += 1
-        self.caller.expected[name] = expected
+        self.expected[stream] = expected
         if not buffer:
-            del self.caller.buffer[name]
+            self.buffers[stream] = None
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -578,20 +553,34 @@ class Call:
             "joins": len(self.joins),
             "sequencers": len(self.sequencers),
             "tasks": len(self.tasks),
-            "unlaunched": len(self._ready),
+            "unlaunched": len(self.ready),
             "in_flight": self.in_flight,
             "running": self.running,
             "unreachable_dedup": len(self.seen_unreachable),
-            "stream_buffers": len(self.caller.buffer),
+            "stream_buffers": sum(1 for b in self.buffers if b is not None),
             "undelivered_events": len(self.outbox),
         }
 
 
-def _single_direct(group) -> bool:
-    return group.routing == "direct" and len(group.slots) == 1
+def _key(act: Activation, edge: Edge, roots: tuple, yidx: int) -> tuple:
+    """Rule C: the diamond root's entry carried by the frame; Rule A: the sending frame."""
+    if edge.rule_c:
+        root = edge.root
+        for entry in roots:
+            if entry[0] == root:
+                return entry
+    return (act.node.index, act.aid, yidx)
 
 
-def _frame(frame: object, node: str) -> dict:
+def _counts_met(node: NodeProgram, state: JoinState) -> bool:
+    for join in node.join or ():
+        if join.threshold is not None and len(state.values.get(join.field, ())) < join.threshold:
+            return False
+    return True
+
+
+def _frame(frame: object, node: NodeProgram) -> dict:
+    """A frame that is not a plain dict: a dict subclass is copied, anything else is an error."""
     if not isinstance(frame, dict):
-        raise TypeError(f"{node} must yield or return a dict of output fields, not {type(frame).__name__}")
-    return frame
+        raise TypeError(f"{node.id} must yield or return a dict of output fields, not {type(frame).__name__}")
+    return dict(frame)

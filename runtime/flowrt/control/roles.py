@@ -1,9 +1,9 @@
 """A role's replicas as the runtime invokes them: replica choice (`lb`), the `ctx` each method
 receives, and the count of activations running on each replica.
 
-Everything an activation needs from its role is looked up once, when the runtime opens (the
-bound method of every interface on every replica), so starting an activation is a list index
-and a call.
+Everything an activation needs from its role is looked up once, when the runtime opens (each
+node program holds its interface's bound method on every replica), so starting an activation
+is a replica choice, a `Context` and a call.
 """
 
 from __future__ import annotations
@@ -11,46 +11,65 @@ from __future__ import annotations
 import inspect
 import logging
 import zlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flowrt.tables import RoleSpec
 
+BROADCAST = -2  # an activation's replica when it runs on every replica of its role
+
 if TYPE_CHECKING:
-    from flowrt.control.call import Activation, Call
+    from flowrt.control.program import NodeProgram
 
 
-@dataclass(slots=True)
 class Context:
     """What a role's method receives as `ctx`."""
 
-    session: str
-    call_id: int
-    graph: str
-    role: str
-    interface: str
-    globals: dict[str, Any]
-    logger: logging.Logger
-    replica: int
+    __slots__ = ("session", "call_id", "graph", "role", "interface", "globals", "logger", "replica")
+
+    def __init__(
+        self,
+        session: str,
+        call_id: int,
+        graph: str,
+        role: str,
+        interface: str,
+        globals: dict[str, Any],  # noqa: A002 - the name roles read
+        logger: logging.Logger,
+        replica: int,
+    ):
+        self.session = session
+        self.call_id = call_id
+        self.graph = graph
+        self.role = role
+        self.interface = interface
+        self.globals = globals
+        self.logger = logger
+        self.replica = replica
+
+    def __repr__(self) -> str:
+        return f"Context(role={self.role!r}, interface={self.interface!r}, session={self.session!r}, call_id={self.call_id})"
 
 
 class RoleBinding:
-    """One role's instances, bound: `begin` starts an activation, `finished` ends it."""
+    """One role's instances: `begin` starts an activation on its replica(s), `finished` ends it."""
 
-    __slots__ = ("name", "lb", "uses", "instances", "count", "methods", "rr", "load", "globals", "log")
+    __slots__ = ("name", "lb", "uses", "instances", "count", "rr", "load", "globals", "log", "broadcast")
 
     def __init__(self, spec: RoleSpec, instances: list[Any], globals_: dict, log: logging.Logger):
         self.name = spec.name
         self.lb = spec.lb
+        self.broadcast = spec.lb == "broadcast"
         self.uses = spec.uses
         self.instances = instances
         self.count = len(instances)
-        # interface -> the bound method on each replica (None where the instance lacks it)
-        self.methods = {iface: [getattr(inst, iface, None) for inst in instances] for iface in spec.interfaces}
         self.rr = 0
         self.load = [0] * self.count  # activations running on each replica
         self.globals = globals_  # the runtime's session globals: (session, name) -> dict
         self.log = log
+
+    def methods(self, interface: str) -> list[Any]:
+        """The bound method of `interface` on each replica (None where the instance lacks it)."""
+        return [getattr(instance, interface, None) for instance in self.instances]
 
     def replica(self, session: str) -> int:
         if self.count == 1:
@@ -58,40 +77,58 @@ class RoleBinding:
         if self.lb == "session":
             return zlib.crc32(session.encode()) % self.count
         if self.lb == "load_aware":
-            load = self.load
-            return min(range(self.count), key=lambda r: (load[r], r))
+            return min(range(self.count), key=self.load.__getitem__)  # the first of the least loaded
         index = self.rr % self.count
         self.rr += 1
         return index
 
-    def begin(self, interface: str, call: Call, act: Activation) -> tuple[Any, list[tuple[int, Any]]]:
-        """Start `act` on its replica(s): the chosen replica's result (an async generator or an
-        awaitable) and, for `lb broadcast`, the other replicas' results. Pair with `finished`."""
-        replicas = range(self.count) if self.lb == "broadcast" else (self.replica(call.session),)
-        methods = self.methods[interface]
-        uses = {name: self.globals[(call.session, name)] for name in self.uses} if self.uses else {}
-        results = []
-        for replica in replicas:
-            method = methods[replica]
+    def begin(self, node: NodeProgram, session: str, call_id: int, graph: str, inputs: dict) -> tuple:
+        """Start an activation of `node` on its replica(s): (the replica, or BROADCAST for all of
+        them; the chosen replica's result, an async generator or an awaitable; for `lb broadcast`,
+        the other replicas' results). Pair with `finished`."""
+        uses = {name: self.globals[(session, name)] for name in self.uses} if self.uses else {}
+        if not self.broadcast:
+            replica = self.replica(session)
+            method = node.methods[replica]
             if method is None:
-                raise AttributeError(f"{type(self.instances[replica]).__name__} has no method `{interface}`")
-            ctx = Context(call.session, call.call_id, call.graph, self.name, interface, uses, self.log, replica)
-            results.append((replica, method(ctx, **act.inputs)))
+                raise AttributeError(f"{type(self.instances[replica]).__name__} has no method `{node.method}`")
+            result = method(Context(session, call_id, graph, self.name, node.method, uses, self.log, replica), **inputs)
             self.load[replica] += 1
-            act.replicas += (replica,)
-        return results[0][1], results[1:]
+            return replica, result, []
+        for replica, method in enumerate(node.methods):
+            if method is None:
+                raise AttributeError(f"{type(self.instances[replica]).__name__} has no method `{node.method}`")
+        results: list = []
+        try:
+            for replica, method in enumerate(node.methods):
+                results.append(
+                    method(Context(session, call_id, graph, self.name, node.method, uses, self.log, replica), **inputs)
+                )
+        except BaseException:
+            self._discard(results)  # a replica refused its inputs: none of them runs
+            raise
+        for replica in range(self.count):
+            self.load[replica] += 1
+        return BROADCAST, results[0], results[1:]
 
-    def finished(self, act: Activation, extras: list) -> None:
-        for replica in act.replicas:
+    def finished(self, replica: int, extras: list) -> None:
+        """The activation `begin` started on `replica` has ended."""
+        if replica >= 0:
             self.load[replica] -= 1
-        for _, result in extras:
+        elif replica == BROADCAST:
+            for other in range(self.count):
+                self.load[other] -= 1
+        self._discard(extras)
+
+    @staticmethod
+    def _discard(results: list) -> None:
+        for result in results:
             if inspect.iscoroutine(result) and result.cr_frame is not None and not result.cr_running:
                 result.close()  # a broadcast replica never awaited (the chosen one raised): no warning
 
     @staticmethod
-    async def drain(extra: tuple[int, Any]) -> None:
+    async def drain(result: Any) -> None:
         """Run a broadcast replica's activation to its end; only the chosen replica's frames count."""
-        result = extra[1]
         if inspect.isasyncgen(result):
             async for _ in result:
                 pass

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from flowrt.bundle import Bundle, load_bundle
-from flowrt.control.call import Call, dispatch_table
+from flowrt.control.call import Call
+from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context, RoleBinding
-from flowrt.tables import NodeTables, RoleSpec, node_tables
+from flowrt.tables import RoleSpec, node_tables
 
 
 class FlowrtError(Exception):
@@ -47,7 +48,15 @@ class GCScheduler:
 
     queues: dict[str, deque[asyncio.Future]] = field(default_factory=dict)
 
+    def enter(self, session: str) -> bool:
+        """Take the session's turn at once if no call of it is running or queued."""
+        if session in self.queues:
+            return False
+        self.queues[session] = deque([None])  # the running call's turn, already granted
+        return True
+
     async def acquire(self, session: str) -> None:
+        """Wait for the session's turn (after `enter` said it is taken)."""
         queue = self.queues.setdefault(session, deque())
         turn = asyncio.get_running_loop().create_future()
         queue.append(turn)
@@ -87,16 +96,12 @@ class Runtime:
     def __init__(self, bundle: Bundle):
         self.bundle = bundle
         self.roles: dict[str, RoleSpec] = bundle.roles
-        self.node_tables: dict[str, dict[str, NodeTables]] = {
-            graph: {node_id: node_tables(node) for node_id, node in plan["nodes"].items()}
+        self.programs: dict[str, GraphProgram] = {
+            graph: GraphProgram(graph, plan, {node_id: node_tables(node) for node_id, node in plan["nodes"].items()})
             for graph, plan in bundle.plan["graphs"].items()
         }
-        self.session_ordered = {graph: self._ordered_sessions(tables) for graph, tables in self.node_tables.items()}
-        self.dispatch = {graph: dispatch_table(tables) for graph, tables in self.node_tables.items()}
         self.instances: dict[str, list[Any]] = {}
         self.bindings: dict[str, RoleBinding] = {}
-        # per graph, per interface node: (its role's binding, interface name, timeout in seconds)
-        self.invokers: dict[str, dict[str, tuple[RoleBinding, str, float | None]]] = {}
         self.globals: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
         self.scheduler = GCScheduler()
         self.calls: set[Call] = set()
@@ -133,16 +138,12 @@ class Runtime:
                     ctx = Context("", 0, "", name, "setup", {}, self.log, replica)
                     await setup(ctx)
             self.bindings[name] = RoleBinding(role, self.instances[name], self.globals, self.log)
-        for graph, tables in self.node_tables.items():
-            self.invokers[graph] = {
-                node_id: (self.bindings[node.role], node_id.split(".", 1)[1], self._timeout(node_id))
-                for node_id, node in tables.items()
-                if node.kind == "interface"
-            }
-
-    def _timeout(self, node_id: str) -> float | None:
-        role, interface = node_id.split(".", 1)
-        return self.roles[role].interfaces[interface].timeout_s
+        for program in self.programs.values():
+            for node in program.nodes:
+                if node.interface:
+                    binding = node.binding = self.bindings[node.role]
+                    node.methods = binding.methods(node.method)
+                    node.timeout = self.roles[node.role].interfaces[node.method].timeout_s
 
     def _import_impl(self, role: RoleSpec) -> type:
         module_name, _, class_name = role.impl.partition(":")
@@ -172,37 +173,30 @@ class Runtime:
                 )
         return target
 
-    def _ordered_sessions(self, tables: dict[str, NodeTables]) -> dict[str, bool]:
-        """Session nodes whose inputs share one order source use SeqIds; the others go FIFO."""
-        ordered = {}
-        for node_id, node in tables.items():
-            if not node.session:
-                continue
-            sources = {tables[s.producer].order_source for g in node.groups for s in g.slots if s.producer in tables}
-            ordered[node_id] = not node.in_cycle and len(sources) == 1 and None not in sources
-        return ordered
-
     # ── calls ──
 
     async def call(
         self, graph: str, inputs: dict[str, Any], session: str | None = None, timeout: float | None = None
     ) -> AsyncIterator[dict]:
         """Call a graph; yields its events (stream, return, done) as dicts."""
-        plan = self.validate(graph, inputs)
+        program = self.validate(graph, inputs)
         call_id = next(self.call_ids)
         session = session if session is not None else f"call-{call_id}"
-        await self.scheduler.acquire(session)
-        call = Call(self, graph, dict(inputs), session, call_id)
+        if not self.scheduler.enter(session):
+            await self.scheduler.acquire(session)
+        call = Call(self, program, dict(inputs), session, call_id)
         self.calls.add(call)
         self._idle.clear()
-        deadline = timeout if timeout is not None else plan.get("timeout_s")
-        watchdog = asyncio.get_running_loop().call_later(deadline, call.cancel) if deadline else None
+        deadline = timeout if timeout is not None else program.timeout
+        loop = asyncio.get_running_loop()
+        watchdog = loop.call_later(deadline, call.cancel) if deadline else None
         try:
             call.start()
             outbox = call.outbox
             while True:
                 if not outbox:
-                    await call.wait_for_events()
+                    call.waiter = loop.create_future()
+                    await call.waiter
                 event = outbox.popleft()
                 if event is None:
                     break
@@ -219,22 +213,20 @@ class Runtime:
             self.scheduler.release(session)
             self.last_call = call
 
-    def validate(self, graph: str, inputs: dict[str, Any]) -> dict:
-        """The plan of `graph` if `inputs` can call it; else UnknownGraph or BadInputs saying why."""
-        plan = self.bundle.plan["graphs"].get(graph)
-        if plan is None:
-            raise UnknownGraph(
-                f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.bundle.plan['graphs'])}"
-            )
-        missing = [e for e in plan["entry"] if e not in inputs]
-        extra = [k for k in inputs if k not in plan["entry"]]
-        if missing or extra:
-            raise BadInputs(
-                f"graph `{graph}` takes {', '.join(plan['entry'])}"
-                + (f"; missing {', '.join(missing)}" if missing else "")
-                + (f"; unexpected {', '.join(extra)}" if extra else "")
-            )
-        return plan
+    def validate(self, graph: str, inputs: dict[str, Any]) -> GraphProgram:
+        """The program of `graph` if `inputs` can call it; else UnknownGraph or BadInputs saying why."""
+        program = self.programs.get(graph)
+        if program is None:
+            raise UnknownGraph(f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.programs)}")
+        if len(inputs) == len(program.entry) and all(e in inputs for e in program.entry):
+            return program
+        missing = [e for e in program.entry if e not in inputs]
+        extra = [k for k in inputs if k not in program.entry]
+        raise BadInputs(
+            f"graph `{graph}` takes {', '.join(program.entry)}"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+            + (f"; unexpected {', '.join(extra)}" if extra else "")
+        )
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""

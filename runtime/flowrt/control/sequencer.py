@@ -1,76 +1,79 @@
 """Order preservation at `lb session` nodes (Omni-Flow Algorithm 1), per (session, call, interface).
 
-In `ordered` mode activations are released strictly by the SeqId of their input frames: the
+In ordered mode activations are released strictly by the SeqId of their input frames: the
 one with the expected SeqId runs, and the expected SeqId advances once every OR group of the
-node has settled (fired and finished, or DEAD) for it. In `fifo` mode (inputs without one
-common order source, or the node sits in a loop) activations run one at a time in arrival order.
-Either way one activation runs at a time. `release_stalled` lets a call that went idle skip a
-SeqId that can no longer arrive, so a gap never hangs a call.
+node has settled (fired and finished, or DEAD) for it. In FIFO mode (inputs without one
+common order source, or the node sits in a loop) activations run one at a time in arrival
+order. Either way one activation runs at a time. `release_stalled` lets a call that went idle
+skip a SeqId that can no longer arrive, so a gap never hangs a call.
+
+Each method returns the activation to start now, if one may start, else None.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-Runner = Callable[[], None]
+from collections import deque
+from typing import Any
 
 
-@dataclass
 class Sequencer:
-    groups: int
-    ordered: bool
-    expected: int = 0
-    busy: bool = False
-    pending: dict[int, deque[tuple[int, Runner]]] = field(default_factory=lambda: defaultdict(deque))
-    settled: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
-    fifo: deque[Runner] = field(default_factory=deque)
+    __slots__ = ("groups", "ordered", "expected", "busy", "pending", "settled", "fifo")
 
-    def ready(self, seq: int, group: int, runner: Runner) -> None:
+    def __init__(self, groups: int, ordered: bool):
+        self.groups = groups
+        self.ordered = ordered
+        self.expected = 0
+        self.busy = False
+        self.pending: dict[int, deque] = {}  # SeqId -> activations waiting for their turn
+        self.settled: dict[int, set[int]] = {}  # SeqId -> groups done with it
+        self.fifo: deque = deque()
+
+    def ready(self, seq: int, act: Any) -> Any:
         if self.ordered:
-            self.pending[seq].append((group, runner))
+            queue = self.pending.get(seq)
+            if queue is None:
+                queue = self.pending[seq] = deque()
+            queue.append(act)
         else:
-            self.fifo.append(runner)
-        self._advance()
+            self.fifo.append(act)
+        return self._advance()
 
-    def settle(self, seq: int, group: int, ran: bool) -> None:
+    def settle(self, seq: int, group: int, ran: bool) -> Any:
         """Group `group` is done for `seq` (`ran`: an activation finished, else it was DEAD)."""
         if ran:
             self.busy = False
         if self.ordered:
-            self.settled[seq].add(group)
-            if len(self.settled[seq]) >= self.groups and not self.pending.get(seq):
-                self.settled.pop(seq, None)
+            settled = self.settled.get(seq)
+            if settled is None:
+                settled = self.settled[seq] = set()
+            settled.add(group)
+            if len(settled) >= self.groups and not self.pending.get(seq):
+                del self.settled[seq]
                 self.pending.pop(seq, None)
                 if seq == self.expected:
                     self.expected += 1
-        self._advance()
+        return self._advance()
 
-    def _advance(self) -> None:
+    def _advance(self) -> Any:
         if self.busy:
-            return
+            return None
         if not self.ordered:
             if self.fifo:
                 self.busy = True
-                self.fifo.popleft()()
-            return
+                return self.fifo.popleft()
+            return None
         queue = self.pending.get(self.expected)
         if queue:
             self.busy = True
-            queue.popleft()[1]()
+            return queue.popleft()
+        return None
 
-    def release_stalled(self) -> bool:
+    def release_stalled(self) -> Any:
         """When nothing else can happen: move on to the smallest SeqId still waiting."""
         if self.busy or not self.ordered:
-            return False
+            return None
         waiting = [s for s, q in self.pending.items() if q]
         if not waiting:
-            return False
+            return None
         self.expected = min(waiting)
-        self._advance()
-        return True
-
-    @property
-    def idle(self) -> bool:
-        return not self.busy and not self.fifo and not any(self.pending.values())
+        return self._advance()

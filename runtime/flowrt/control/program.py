@@ -1,0 +1,207 @@
+"""A graph's tables as the objects a call walks: built once when the runtime opens, never
+changed by a call.
+
+Every node of the static plan becomes a `NodeProgram` with an index (calls keep their
+per-node counters in lists), its input groups as `GroupProgram`s and its out fields as
+`Route`s: for each field, the control edges a present frame travels (`edges`) and those an
+absent one must resolve (`absent`). Each `Edge` is classified once by what happens at its end
+(to the caller, a one-slot direct group, a bucket, a stream slot, a join), so dispatching a
+frame is a walk over prebuilt objects, not a reading of the plan. Which joins a node's end can
+complete (`join_watchers`) is also computed here, so a finished activation rechecks only those.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrt.tables import NodeTables
+
+# what a frame does at the end of an edge
+CALLER, DIRECT, BUCKET, STREAM_SLOT, JOIN = 0, 1, 2, 3, 4
+# how a group collects its inputs
+GROUP_DIRECT, GROUP_BUCKET, GROUP_JOIN, GROUP_DEAD = 0, 1, 2, 3
+_GROUP_KINDS = {"direct": GROUP_DIRECT, "bucket": GROUP_BUCKET, "join": GROUP_JOIN, "dead": GROUP_DEAD}
+
+
+class GroupProgram:
+    """One OR group of a node: its slots, and which slot indices carry each field."""
+
+    __slots__ = ("index", "kind", "size", "fields", "stream_slots", "slots_by_field", "single")
+
+    def __init__(self, index: int, routing: str, fields: tuple[str, ...], stream_slots: tuple[bool, ...]):
+        self.index = index
+        self.kind = _GROUP_KINDS[routing]
+        self.size = len(fields)
+        self.fields = fields  # the field of each slot
+        self.stream_slots = stream_slots
+        by_field: dict[str, list[int]] = {}
+        for i, name in enumerate(fields):
+            by_field.setdefault(name, []).append(i)
+        self.slots_by_field = tuple(tuple(v) for v in by_field.values())
+        # one slot filled by one frame: the frame fires it at once, no bucket needed
+        self.single = self.kind == GROUP_DIRECT and self.size == 1
+
+
+class Edge:
+    """One control edge: where a field goes and what happens there."""
+
+    __slots__ = ("kind", "field", "node", "group", "slot", "rule_c", "root", "stream", "ordered", "returned")
+
+    def __init__(self, kind: int, field: str, node: NodeProgram | None, group: GroupProgram | None, slot: int):
+        self.kind = kind
+        self.field = field
+        self.node = node  # None for the caller
+        self.group = group
+        self.slot = slot
+        self.rule_c = False  # keyed by the diamond root's entry (else by the sending frame)
+        self.root = -1  # index of that root
+        self.stream = -1  # for the caller: index of the streamed output, if the field is one
+        self.ordered = False  # for the caller: the stream reaches it in SeqId order
+        self.returned = False  # for the caller: the field is also returned
+
+
+class Route:
+    """One out field of a node and its edges."""
+
+    __slots__ = ("field", "edges", "absent")
+
+    def __init__(self, field: str, edges: tuple[Edge, ...]):
+        self.field = field
+        self.edges = edges
+        # a join ignores absent frames; every other edge is resolved by one
+        self.absent = tuple(e for e in edges if e.kind != JOIN)
+
+
+class JoinField:
+    __slots__ = ("field", "threshold", "upstream")
+
+    def __init__(self, field: str, threshold: int | None, upstream: tuple[int, ...]):
+        self.field = field
+        self.threshold = threshold  # None: every frame, once the upstream set has ended
+        self.upstream = upstream  # node indices
+
+
+class NodeProgram:
+    """One node of one graph: tables, routes, and (for interfaces) how to invoke its role."""
+
+    __slots__ = (
+        "index",
+        "id",
+        "interface",
+        "role",
+        "method",
+        "groups",
+        "routes",
+        "session",
+        "ordered",
+        "stream",
+        "diamond_root",
+        "carried",
+        "in_cycle",
+        "join",
+        "join_watchers",
+        "feeds_stream_slots",
+        "binding",
+        "methods",
+        "timeout",
+    )
+
+    def __init__(self, index: int, tables: NodeTables):
+        self.index = index
+        self.id = tables.id
+        self.interface = tables.kind == "interface"
+        self.role = tables.role
+        self.method = tables.id.split(".", 1)[1] if self.interface else ""
+        self.groups: tuple[GroupProgram, ...] = ()
+        self.routes: tuple[Route, ...] = ()
+        self.session = tables.session
+        self.ordered = False  # a session node releasing activations in SeqId order (else FIFO)
+        self.stream = tables.stream
+        self.diamond_root = tables.diamond_root
+        self.carried: frozenset[int] = frozenset()  # roots whose entries outgoing frames carry
+        self.in_cycle = tables.in_cycle
+        self.join: tuple[JoinField, ...] | None = None
+        self.join_watchers: tuple[NodeProgram, ...] = ()  # joins whose `all` fields this node feeds
+        self.feeds_stream_slots = False  # some out edge ends at a stream slot (closed when an activation ends)
+        self.binding: Any = None  # the role's RoleBinding (set when the runtime binds its roles)
+        self.methods: list[Any] = []  # the interface's bound method on each replica
+        self.timeout: float | None = None
+
+    def __repr__(self) -> str:
+        return f"<node {self.id}>"
+
+
+class GraphProgram:
+    __slots__ = ("name", "nodes", "by_id", "start", "entry", "streams", "returns", "timeout", "joins")
+
+    def __init__(self, name: str, plan: dict, tables: dict[str, NodeTables]):
+        self.name = name
+        ids = sorted(tables)
+        self.nodes = tuple(NodeProgram(i, tables[node_id]) for i, node_id in enumerate(ids))
+        self.by_id = {node.id: node for node in self.nodes}
+        self.start = self.by_id[plan["start"]]
+        self.entry = tuple(plan["entry"])
+        outputs = plan["outputs"]
+        self.streams = tuple((o["field"], o["ordered"]) for o in outputs if o["kind"] == "stream")
+        self.returns = tuple(o["field"] for o in outputs if o["kind"] == "return")
+        self.timeout: float | None = plan.get("timeout_s")
+        for node in self.nodes:
+            t = tables[node.id]
+            node.groups = tuple(
+                GroupProgram(g.index, g.routing, tuple(s.field for s in g.slots), tuple(s.stream for s in g.slots))
+                for g in t.groups
+            )
+            node.carried = frozenset(self.by_id[r].index for r in t.carried_roots if r in self.by_id)
+            if t.join is not None:
+                node.join = tuple(
+                    JoinField(j.field, j.threshold, tuple(self.by_id[u].index for u in j.upstream if u in self.by_id))
+                    for j in t.join
+                )
+        for node in self.nodes:
+            node.routes = tuple(
+                Route(name, self._edges(name, targets, tables)) for name, targets in tables[node.id].control.items()
+            )
+            node.feeds_stream_slots = any(e.kind == STREAM_SLOT for route in node.routes for e in route.edges)
+        self.joins = tuple(node for node in self.nodes if node.join is not None)
+        watchers: dict[int, list[NodeProgram]] = {}
+        for join in self.joins:
+            upstream = {u for j in join.join or () if j.threshold is None for u in j.upstream}
+            for u in sorted(upstream):
+                watchers.setdefault(u, []).append(join)
+        for node in self.nodes:
+            node.join_watchers = tuple(watchers.get(node.index, ()))
+            if node.session:
+                node.ordered = self._ordered_session(node, tables)
+
+    def _edges(self, name: str, targets, tables: dict[str, NodeTables]) -> tuple[Edge, ...]:
+        edges = []
+        streams = {field: i for i, (field, _) in enumerate(self.streams)}
+        for target in targets:
+            if target.node == "caller":
+                edge = Edge(CALLER, name, None, None, 0)
+                edge.stream = streams.get(name, -1)
+                edge.ordered = edge.stream >= 0 and self.streams[edge.stream][1]
+                edge.returned = name in self.returns
+            else:
+                node = self.by_id[target.node]
+                group = node.groups[target.group]
+                if target.aid_rule == "join":
+                    kind = JOIN
+                elif group.stream_slots[target.slot]:
+                    kind = STREAM_SLOT
+                elif group.single:
+                    kind = DIRECT
+                else:
+                    kind = BUCKET
+                edge = Edge(kind, name, node, group, target.slot)
+                if target.aid_rule == "C" and target.root in self.by_id:
+                    edge.rule_c = True
+                    edge.root = self.by_id[target.root].index
+            edges.append(edge)
+        return tuple(edges)
+
+    @staticmethod
+    def _ordered_session(node: NodeProgram, tables: dict[str, NodeTables]) -> bool:
+        """A session node whose inputs share one order source uses SeqIds; the others go FIFO."""
+        sources = {tables[s.producer].order_source for g in tables[node.id].groups for s in g.slots if s.producer in tables}
+        return not node.in_cycle and len(sources) == 1 and None not in sources
