@@ -6,6 +6,10 @@ STAMP  := $(VENV)/.installed-stamp
 EXAMPLES := $(sort $(wildcard examples/*/pipeline.flow))
 EDITOR := editors/vscode
 NODE_STAMP := $(EDITOR)/node_modules/.installed-stamp
+# the compiled control core: the modules with a .pxd beside them (docs/runtime.md, "The compiled core")
+CORE_PXD := $(wildcard runtime/flowrt/control/*.pxd)
+CORE_SOURCES := $(CORE_PXD) $(CORE_PXD:.pxd=.py) runtime/flowrt/control/native.py setup.py
+CORE_STAMP := $(VENV)/.core-stamp
 # Python 3.12+ starts activations as eager tasks (docs/runtime.md); where one is installed,
 # `make test` runs the runtime suites under it too, so both launch paths are tested
 # (pyenv installs them without putting them on PATH: its versions are tried too)
@@ -13,28 +17,36 @@ EAGER_PYTHON ?= $(shell for p in python3.12 python3.13 $$(ls -d $${PYENV_ROOT:-$
 	do $$p -c 'import sys; assert sys.version_info >= (3, 12); print(sys.executable)' 2>/dev/null && break; done)
 EAGER_VENV ?= .venv-eager
 EAGER_STAMP := $(EAGER_VENV)/.installed-stamp
+EAGER_CORE_STAMP := $(EAGER_VENV)/.core-stamp
 # the interpreter of `make bench-overhead` (all three systems run on it)
 BENCH_PYTHON ?= $(PYTHON)
 BENCH_VENV ?= .venv-bench
 
-.PHONY: all install demo test test-eager golden docs lint bench bench-overhead editor editor-grammar editor-snapshots clean
+.PHONY: all install core demo test test-pure test-eager golden docs lint bench bench-overhead editor editor-grammar editor-snapshots clean
 
 all: test
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(CORE_STAMP)
+
+## The compiled control core, rebuilt in place when its sources change (the install builds it too).
+$(CORE_STAMP): $(CORE_SOURCES) | $(STAMP)
+	$(PY) setup.py --quiet build_ext --inplace --parallel 2
+	touch $(CORE_STAMP)
+
+core: $(CORE_STAMP)
 
 ## Node tools of the VS Code extension (grammar tests, packaging), exactly as the lockfile pins them.
 $(NODE_STAMP): $(EDITOR)/package-lock.json
 	cd $(EDITOR) && npm ci --no-audit --no-fund
 	touch $(NODE_STAMP)
 
-install: $(STAMP) $(NODE_STAMP)
+install: $(CORE_STAMP) $(NODE_STAMP)
 
 ## The main job: check, format-check and plan every example; build image_chat and run one call on the embedded runtime.
-demo: $(STAMP)
+demo: $(CORE_STAMP)
 	$(VENV)/bin/flowc check $(EXAMPLES)
 	$(VENV)/bin/flowc fmt --check $(EXAMPLES)
 	$(VENV)/bin/flowc plan examples/image_chat/pipeline.flow
@@ -42,30 +54,40 @@ demo: $(STAMP)
 	cd build && ../$(PY) -m image_chat check
 	$(VENV)/bin/flowc run build/image_chat --once chat --input @examples/image_chat/request.json
 
-## The tests (CI runs exactly this): lint, the editor grammar's own tests (npm), pytest, then
-## the runtime suites again under Python 3.12+ where one is installed.
-test: $(STAMP) $(NODE_STAMP)
+## The tests (CI runs exactly this): lint, the editor grammar's own tests (npm), pytest (on the
+## compiled core), the runtime suites again on the core's Python sources, then under Python 3.12+
+## where one is installed.
+test: $(CORE_STAMP) $(NODE_STAMP)
 	$(PY) -m ruff check compiler runtime stdlib tests bench examples editors
 	cd $(EDITOR) && npm test
 	$(PY) -m pytest
+	$(MAKE) --no-print-directory test-pure
 	$(MAKE) --no-print-directory test-eager
 
-$(EAGER_STAMP): pyproject.toml
+## The runtime and example suites on the control core's Python sources (the specification of the compiled one).
+test-pure: $(CORE_STAMP)
+	FLOWRT_PURE=1 $(PY) -m pytest tests/runtime tests/test_examples.py
+
+$(EAGER_STAMP): pyproject.toml setup.py
 	$(EAGER_PYTHON) -m venv $(EAGER_VENV)
 	$(EAGER_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	touch $(EAGER_STAMP)
+	touch $(EAGER_STAMP) $(EAGER_CORE_STAMP)
+
+$(EAGER_CORE_STAMP): $(CORE_SOURCES) | $(EAGER_STAMP)
+	$(EAGER_VENV)/bin/python setup.py --quiet build_ext --inplace --parallel 2
+	touch $(EAGER_CORE_STAMP)
 
 ## The runtime, property and example suites on the eager launch path (Python 3.12+), if installed.
 ifeq ($(strip $(EAGER_PYTHON)),)
 test-eager:
 	@echo "test-eager: no python3.12 or python3.13 here; the eager launch path is not tested"
 else
-test-eager: $(EAGER_STAMP)
+test-eager: $(EAGER_CORE_STAMP)
 	$(EAGER_VENV)/bin/python -m pytest tests/runtime tests/property tests/test_examples.py
 endif
 
 ## Rewrite the golden files under golden/ after an intended change; review the diff like code.
-golden: $(STAMP)
+golden: $(CORE_STAMP)
 	$(PY) -m pytest --snapshot-update tests
 
 ## Regenerate docs/diagnostics.md from the check registry.
@@ -76,7 +98,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check compiler runtime stdlib tests bench examples editors
 	$(PY) -m ruff format --check compiler runtime stdlib tests bench examples editors
 
-bench: $(STAMP)
+bench: $(CORE_STAMP)
 	$(PY) bench/compile_bench.py
 	$(PY) bench/fuzz_bench.py
 
@@ -104,3 +126,4 @@ editor-snapshots: $(NODE_STAMP)
 
 clean:
 	rm -rf $(VENV) $(EAGER_VENV) .venv-bench* build *.egg-info .pytest_cache .hypothesis $(EDITOR)/node_modules
+	rm -f runtime/flowrt/control/*.so runtime/flowrt/control/_native_build.json

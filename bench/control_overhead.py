@@ -11,6 +11,11 @@ ratios flowrt/floor and flowrt/LangGraph. `--profile` adds where flowrt's time g
 
     python bench/control_overhead.py [--requests 2000] [--profile] [--no-freeze]
 
+flowrt runs its compiled control core where it was built (docs/runtime.md, "The compiled
+core"); `FLOWRT_PURE=1` measures the Python sources instead. The first line printed says
+which. The compiled core's functions are invisible to cProfile: `--profile` with
+`FLOWRT_PURE=1` shows the same code function by function.
+
 After set-up, the objects alive so far are frozen (`gc.freeze()`), as a server does after
 loading, so the cyclic collector does not rescan the compiler and langgraph on every pass;
 `--no-freeze` measures without that.
@@ -250,6 +255,9 @@ async def main_async(args) -> None:
     for clients in (1, 64):
         for name, one in systems.items():
             results[(name, clients)] = await measure(one, args.requests, clients)
+    from flowrt.control import CORE
+
+    print(f"Python {sys.version.split()[0]}; flowrt control core: {CORE}")
     print(f"requests per measurement: {args.requests}; tokens per request: {2 * TOKENS_PER_SEGMENT}")
     print("| system | clients | req/s | p50 | p99 | CPU per request |")
     print("|---|---:|---:|---:|---:|---:|")

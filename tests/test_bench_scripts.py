@@ -22,3 +22,12 @@ def test_fuzz_bench_reports_zero_crashes_on_a_small_run():
     result = run("bench/fuzz_bench.py", "--count", "300", "--workers", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "inputs: 300" in result.stdout and "crashes: 0" in result.stdout
+
+
+def test_control_overhead_bench_runs_all_systems_it_has():
+    result = run("bench/control_overhead.py", "--requests", "40")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "flowrt control core: " in result.stdout
+    for row in ("| flowrt | 1 |", "| floor | 1 |", "| flowrt | 64 |", "| floor | 64 |"):
+        assert row in result.stdout
+    assert "clients 1: flowrt/floor = " in result.stdout and "clients 64: flowrt/floor = " in result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import subprocess
 import sys
@@ -22,6 +23,25 @@ graph g {
 }
 """
 
+DOUBLING = """placeholder x: Json
+
+role twice {
+    impl "m:Twice"
+    interface run { in x  out y: Json }
+}
+
+graph g {
+    entry  x
+    return y
+}
+"""
+
+TWICE = """
+class Twice:
+    async def run(self, ctx, x):
+        return {"y": 2 * x}
+"""
+
 
 def test_wheel_ships_grammar_and_stdlib_and_works_without_the_source_tree(tmp_path):
     wheels = tmp_path / "wheels"
@@ -36,6 +56,11 @@ def test_wheel_ships_grammar_and_stdlib_and_works_without_the_source_tree(tmp_pa
     assert "flowc/grammars/flow.lark" in names
     assert "flowstd/lib/text.flow" in names
     assert "flowc/codegen/templates/node.py.j2" in names
+    # the compiled control core, its Python sources (the fallback) and what it was built from
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    for module in ("program", "bucket", "sequencer", "roles", "call"):
+        assert f"flowrt/control/{module}{suffix}" in names and f"flowrt/control/{module}.py" in names
+    assert "flowrt/control/_native_build.json" in names
     # a fresh environment with only the wheel and the dependencies it declares: a runtime
     # dependency missing from pyproject.toml fails here (interegular once did)
     venv = tmp_path / "venv"
@@ -57,6 +82,29 @@ def test_wheel_ships_grammar_and_stdlib_and_works_without_the_source_tree(tmp_pa
         [str(venv / "bin" / "flowc"), "build", "main.flow", "-o", "out"], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert build.returncode == 0, build.stderr
+    # a call on the installed runtime, which runs its compiled core (a stale or missing one warns: an error here)
+    (tmp_path / "doubling.flow").write_text(DOUBLING)
+    (tmp_path / "m.py").write_text(TWICE)
+    core = subprocess.run(
+        [str(venv / "bin" / "python"), "-W", "error", "-c", "import flowrt.control as c; print(c.COMPILED, c.CORE)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert core.stdout.strip() == "True compiled (Cython)", core.stdout + core.stderr
+    run = subprocess.run(
+        [str(venv / "bin" / "flowc"), "run", "doubling.flow", "--once", "g", "--input", '{"x": 21}'],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [json.loads(line) for line in run.stdout.splitlines()] == [
+        {"event": "return", "field": "y", "value": 42},
+        {"event": "done", "status": "ok", "errors": [], "missing": []},
+    ]
     # the language server's dependencies come with the wheel too: it answers initialize and shutdown
     messages = [
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}},

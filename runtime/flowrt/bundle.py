@@ -97,7 +97,9 @@ def _check_agreement(path: Path, plan: dict, roles: dict[str, RoleSpec]) -> None
 
 
 def describe(bundle: Bundle) -> str:
-    lines = [f"bundle {bundle.name} (flowc {bundle.manifest.get('flowc_version')}, flowrt {__version__})"]
+    from flowrt.control import CORE
+
+    lines = [f"bundle {bundle.name} (flowc {bundle.manifest.get('flowc_version')}, flowrt {__version__}; control core: {CORE})"]
     for name, graph in sorted(bundle.manifest.get("graphs", {}).items()):
         streams = ", ".join(s["field"] + (" ordered" if s["ordered"] else "") for s in graph["stream"]) or "-"
         lines.append(

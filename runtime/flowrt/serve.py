@@ -1,6 +1,6 @@
 """Serving a bundle over HTTP: what `flowc run DIR --http HOST:PORT` runs (aiohttp).
 
-    GET  /health                  {"status": "ok", "bundle": NAME, "graphs": [...]}
+    GET  /health                  {"status": "ok", "bundle": NAME, "graphs": [...], "core": how the control core runs}
     GET  /graphs                  every graph: its entry placeholders, streamed and returned fields
     POST /graphs/{graph}          body: a JSON object of entry values (as `--input`);
                                   session: header `X-Flow-Session` or `?session=`; `?timeout=SECONDS`
@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from flowrt.control import BadInputs, FlowrtError, Runtime, UnknownGraph
+from flowrt.control import CORE, BadInputs, FlowrtError, Runtime, UnknownGraph
 from flowrt.values import summarize
 
 
@@ -57,7 +57,9 @@ def event_line(event: dict[str, Any]) -> bytes:
 
 async def health(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    return web.json_response({"status": "ok", "bundle": runtime.bundle.name, "graphs": sorted(runtime.bundle.plan["graphs"])})
+    return web.json_response(
+        {"status": "ok", "bundle": runtime.bundle.name, "graphs": sorted(runtime.bundle.plan["graphs"]), "core": CORE}
+    )
 
 
 async def graphs(request: web.Request) -> web.Response:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from flowrt.control import CORE
 from tests.conftest import REPO
 
 IMAGE_CHAT = REPO / "examples" / "image_chat"
@@ -126,7 +127,7 @@ def test_a_call_streams_the_events_flowc_run_once_prints(image_chat_bundle: Path
     assert once.returncode == 0, once.stderr
     expected = [json.loads(line) for line in once.stdout.splitlines()]
     with serving(image_chat_bundle) as server:
-        assert server.get("/health") == (200, {"status": "ok", "bundle": "image_chat", "graphs": ["chat"]})
+        assert server.get("/health") == (200, {"status": "ok", "bundle": "image_chat", "graphs": ["chat"], "core": CORE})
         status, described = server.get("/graphs")
         assert described["chat"] == {"entry": ["request"], "stream": ["token"], "return": ["image"], "timeout_s": None}
         response = server.post("/graphs/chat", request, {"X-Flow-Session": "s1"})

@@ -1,0 +1,17 @@
+# Cython declarations for bucket.py (docs/runtime.md, "The compiled core").
+from flowrt.control.program cimport GroupProgram
+
+cdef Py_ssize_t PENDING, RECEIVED, UNREACHABLE
+
+cdef class Bucket:
+    cdef public GroupProgram group
+    cdef public list state, values, reasons
+    cdef public tuple roots
+    cdef public Py_ssize_t seq
+    cdef public object origin, reason
+
+    cpdef Py_ssize_t arrived(self, Py_ssize_t slot, object value) except -1
+    cpdef Py_ssize_t ended(self, Py_ssize_t slot) except -1
+    cpdef Py_ssize_t unreachable(self, Py_ssize_t slot, object reason, object origin) except -1
+    cdef Py_ssize_t _decide(self) except -1
+    cpdef dict inputs(self)

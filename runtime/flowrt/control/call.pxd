@@ -1,0 +1,85 @@
+# Cython declarations for call.py (docs/runtime.md, "The compiled core"): the hot path's types.
+# call.py is the source and runs as it is where the core is not compiled.
+cimport cython
+
+from flowrt.control.bucket cimport Bucket
+from flowrt.control.program cimport Edge, GraphProgram, GroupProgram, JoinField, NodeProgram, Route
+from flowrt.control.roles cimport RoleBinding
+from flowrt.control.sequencer cimport Sequencer
+
+cdef Py_ssize_t CALLER, DIRECT, JOIN, STREAM_SLOT, WAITING, FIRED
+cdef object EMPTY, ERROR, CANCEL
+
+cdef class Activation:
+    cdef public NodeProgram node
+    cdef public Py_ssize_t group, aid, seq, replica, yielded
+    cdef public dict inputs
+    cdef public tuple roots
+
+cdef class JoinState:
+    cdef public dict values
+    cdef public bint fired
+
+cdef class Call:
+    cdef public object runtime, inputs, session, outbox, waiter, finished
+    cdef public GraphProgram program
+    cdef public str graph
+    cdef public Py_ssize_t call_id, in_flight, running, eager_depth, last_aid
+    cdef public list errors, open_buckets, running_by_node, session_counters, ready, expected, buffers, activations
+    cdef public dict buckets, joins, sequencers
+    cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored
+    cdef public bint cancelled
+
+    cpdef start(self)
+    cdef Py_ssize_t _aid(self)
+    @cython.locals(node=NodeProgram, join=NodeProgram, sequencer=Sequencer)
+    cdef _activation_done(self, Activation act, bint ran)
+    @cython.locals(join=NodeProgram, sequencer=Sequencer)
+    cdef _quiesce(self)
+    cdef _finish(self)
+    cpdef cancel(self)
+    @cython.locals(node=NodeProgram, bucket=Bucket, outcome=Py_ssize_t)
+    cdef _arrive(self, Edge edge, tuple key, object value, tuple roots, Py_ssize_t seq)
+    @cython.locals(bucket=Bucket, outcome=Py_ssize_t)
+    cdef _end(self, Edge edge, tuple key)
+    @cython.locals(kind=Py_ssize_t, node=NodeProgram, group=GroupProgram, bucket=Bucket, outcome=Py_ssize_t, act=Activation)
+    cdef _unreachable(self, Edge edge, tuple key, tuple roots, Py_ssize_t seq, object reason, object origin)
+    @cython.locals(bucket=Bucket)
+    cdef Bucket _open_bucket(self, Edge edge, tuple bucket_key, tuple roots, Py_ssize_t seq)
+    @cython.locals(node=NodeProgram, act=Activation)
+    cdef _close_bucket(self, Edge edge, tuple bucket_key, Bucket bucket, Py_ssize_t outcome)
+    cdef _dead(self, Activation act, object reason, object origin)
+    @cython.locals(state=JoinState)
+    cdef _join_arrived(self, NodeProgram node, str name, object value)
+    @cython.locals(state=JoinState, act=Activation, j=JoinField)
+    cdef bint _try_join(self, NodeProgram node, bint final) except -1
+    @cython.locals(join=JoinField, running=list, buckets=list)
+    cdef bint _all_fields_ended(self, NodeProgram node) except -1
+    @cython.locals(node=NodeProgram, sequencer=Sequencer)
+    cdef _schedule(self, Activation act)
+    cdef _spawn(self, object act)
+    cdef _launch(self)
+    cdef _start_task(self, Activation act)
+    cdef _error(self, NodeProgram node, str message)
+    @cython.locals(node=NodeProgram)
+    cdef tuple _out_roots(self, Activation act, Py_ssize_t yidx)
+    @cython.locals(node=NodeProgram, seq=Py_ssize_t)
+    cdef Py_ssize_t _out_seq(self, Activation act, Py_ssize_t yidx) except? -1
+    @cython.locals(node=NodeProgram, route=Route, edge=Edge, kind=Py_ssize_t, seq=Py_ssize_t, key=tuple, roots=tuple)
+    cdef _dispatch_frame(self, Activation act, dict frame, Py_ssize_t yidx, dict streams)
+    @cython.locals(route=Route, edge=Edge, seq=Py_ssize_t, roots=tuple)
+    cdef _dispatch_phantom(self, Activation act, object reason, tuple origin)
+    @cython.locals(edge=Edge, key=tuple)
+    cdef _end_streams(self, Activation act, dict streams, object reason)
+    cdef _emit(self, object event)
+    @cython.locals(stream=Py_ssize_t)
+    cdef _caller_arrived(self, Edge edge, object value, Py_ssize_t seq)
+    cdef _caller_missed(self, Edge edge, object reason, Py_ssize_t seq)
+    cdef _buffer(self, Py_ssize_t stream, Py_ssize_t seq, bint arrived, object value)
+    @cython.locals(expected=Py_ssize_t, buffer=dict)
+    cdef _flush_stream(self, Py_ssize_t stream, bint final)
+
+@cython.locals(root=Py_ssize_t)
+cdef tuple _key(Activation act, Edge edge, tuple roots, Py_ssize_t yidx)
+@cython.locals(join=JoinField)
+cdef bint _counts_met(NodeProgram node, JoinState state) except -1

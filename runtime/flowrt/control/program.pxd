@@ -1,0 +1,42 @@
+# Cython declarations for program.py (docs/runtime.md, "The compiled core"): the types the
+# compiled hot path reads at C speed. program.py stays the source; this file only adds types.
+
+cdef class NodeProgram
+
+cdef class GroupProgram:
+    cdef public Py_ssize_t index, kind, size
+    cdef public tuple fields, stream_slots, slots_by_field
+    cdef public bint single
+
+cdef class Edge:
+    cdef public Py_ssize_t kind
+    cdef public str field
+    cdef public NodeProgram node
+    cdef public GroupProgram group
+    cdef public Py_ssize_t slot, root, stream
+    cdef public bint rule_c, ordered, returned
+
+cdef class Route:
+    cdef public str field
+    cdef public tuple edges, absent
+
+cdef class JoinField:
+    cdef public str field
+    cdef public object threshold
+    cdef public tuple upstream
+
+cdef class NodeProgram:
+    cdef public Py_ssize_t index
+    cdef public str id, method
+    cdef public object role, join, binding, timeout
+    cdef public bint interface, session, ordered, stream, diamond_root, in_cycle, feeds_stream_slots
+    cdef public tuple groups, routes, join_watchers
+    cdef public frozenset carried
+    cdef public list methods
+
+cdef class GraphProgram:
+    cdef public str name
+    cdef public tuple nodes, entry, streams, returns, joins
+    cdef public dict by_id
+    cdef public NodeProgram start
+    cdef public object timeout
