@@ -55,7 +55,7 @@ def test_a_call_of_synchronous_roles_is_done_before_the_loop_turns_only_when_eag
         loop_turned = []
         asyncio.get_running_loop().call_soon(loop_turned.append, True)  # runs at the loop's next turn
         first = await events.__anext__()  # starts the call; the caller waits only if nothing is out yet
-        finished_without_the_loop = not loop_turned and next(iter(rt.calls)).finished.is_set()
+        finished_without_the_loop = not loop_turned and next(iter(rt.calls)).ended
         rest = [event async for event in events]
         assert returned([first, *rest]) == {"result": 20}
         assert done(rest)["status"] == "ok"
@@ -198,7 +198,7 @@ def test_a_call_cancelled_before_a_new_task_has_started_still_ends(tmp_path, mon
         first = await stream.__anext__()
         assert first == {"event": "stream", "field": "a_shown", "value": 1}
         await stream.aclose()  # the caller goes away in this very step: cancels the call
-        assert rt.last_call is not None and rt.last_call.finished.is_set()
+        assert rt.last_call is not None and rt.last_call.ended
         # scheduled, its task had not started when the call was cancelled; eager, it ran at once
         assert work.ran == eager
         assert_clean(rt)

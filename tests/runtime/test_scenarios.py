@@ -485,19 +485,23 @@ class Agent:
 
 
 class Tools:
+    def __init__(self):
+        self.runs = 0
+
     async def run(self, ctx, tool_call):
+        self.runs += 1
         return {"observation": tool_call}
 
 
 @pytest.mark.parametrize("k", [0, 1, 4])
 def test_loop_exits_after_k_rounds(tmp_path, k):
     async def main():
-        agent = Agent()
-        rt = await open_runtime(LOOP, tmp_path, {"agent": agent, "tools": Tools()})
+        agent, tools = Agent(), Tools()
+        rt = await open_runtime(LOOP, tmp_path, {"agent": agent, "tools": tools})
         events = await collect(rt, "ask", {"question": {"rounds": k}})
         assert done(events) == {"event": "done", "status": "ok", "errors": [], "missing": []}
         assert returned(events) == {"answer": k + 1}  # k tool rounds, then the answer
-        assert [n for n, _ in rt.last_call.activations].count("tools.run") == k
+        assert tools.runs == k
         assert_clean(rt)
 
     run(main())
@@ -690,6 +694,50 @@ def test_an_error_absorbed_by_another_slot_is_listed_but_ok(tmp_path):
         assert returned(events) == {"result": "fine"}
         assert end["status"] == "ok"
         assert end["errors"] == [{"role": "p1", "interface": "run", "message": "ValueError: p1 failed"}]
+        assert_clean(rt)
+
+    run(main())
+
+
+GLOBALS = """
+placeholder request: Json
+
+global memory: KVCache {
+    layers 1
+    page_tokens 16
+    slices [k, v]
+}
+
+role counter {
+    impl "m:Counter"
+    uses memory
+    interface run { in request  out seen: Json }
+}
+
+graph g {
+    entry  request
+    return seen
+}
+"""
+
+
+class Counter:
+    async def run(self, ctx, request):
+        state = ctx.globals["memory"]
+        state["calls"] = state.get("calls", 0) + 1
+        return {"seen": state["calls"]}
+
+
+def test_globals_are_kept_per_session_and_dropped_with_an_anonymous_call(tmp_path):
+    async def main():
+        rt = await open_runtime(GLOBALS, tmp_path, {"counter": Counter()})
+        # a session's calls share the state of the globals their roles use; other sessions do not
+        assert [returned(await collect(rt, "g", {"request": 0}, session="s1"))["seen"] for _ in range(3)] == [1, 2, 3]
+        assert returned(await collect(rt, "g", {"request": 0}, session="s2")) == {"seen": 1}
+        # a call without a session is a session of its own: its state goes when it ends
+        for _ in range(5):
+            assert returned(await collect(rt, "g", {"request": 0})) == {"seen": 1}
+        assert sorted(rt.globals) == [("s1", "memory"), ("s2", "memory")]
         assert_clean(rt)
 
     run(main())

@@ -9,31 +9,39 @@ from flowrt.control.sequencer cimport Sequencer
 
 cdef Py_ssize_t CALLER, DIRECT, JOIN, STREAM_SLOT, WAITING, FIRED
 cdef object EMPTY, ERROR, CANCEL
+cdef _Done DONE
+cdef _NoTimeout NO_TIMEOUT
 
 cdef class Activation:
     cdef public NodeProgram node
     cdef public Py_ssize_t group, aid, seq, replica, yielded
     cdef public dict inputs
-    cdef public tuple roots
+    cdef public tuple roots, extras
+
+cdef class _Done:
+    pass
+
+cdef class _NoTimeout:
+    pass
 
 cdef class JoinState:
     cdef public dict values
     cdef public bint fired
 
 cdef class Call:
-    cdef public object runtime, inputs, session, outbox, waiter, finished
+    cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop
     cdef public GraphProgram program
     cdef public str graph
     cdef public Py_ssize_t call_id, in_flight, running, eager_depth, last_aid
-    cdef public list errors, open_buckets, running_by_node, session_counters, ready, expected, buffers, activations
+    cdef public list errors, open_buckets, running_by_node, session_counters, ready, expected, buffers
     cdef public dict buckets, joins, sequencers
     cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored
-    cdef public bint cancelled
+    cdef public bint cancelled, ended, custom_tasks
 
     cpdef start(self)
     cdef Py_ssize_t _aid(self)
-    @cython.locals(node=NodeProgram, join=NodeProgram, sequencer=Sequencer)
-    cdef _activation_done(self, Activation act, bint ran)
+    @cython.locals(join=NodeProgram, sequencer=Sequencer)
+    cdef _activation_done(self, NodeProgram node, Py_ssize_t group, Py_ssize_t seq, bint ran)
     @cython.locals(join=NodeProgram, sequencer=Sequencer)
     cdef _quiesce(self)
     cdef _finish(self)
@@ -42,16 +50,17 @@ cdef class Call:
     cdef _arrive(self, Edge edge, tuple key, object value, tuple roots, Py_ssize_t seq)
     @cython.locals(bucket=Bucket, outcome=Py_ssize_t)
     cdef _end(self, Edge edge, tuple key)
-    @cython.locals(kind=Py_ssize_t, node=NodeProgram, group=GroupProgram, bucket=Bucket, outcome=Py_ssize_t, act=Activation)
+    @cython.locals(kind=Py_ssize_t, node=NodeProgram, group=GroupProgram, bucket=Bucket, outcome=Py_ssize_t)
     cdef _unreachable(self, Edge edge, tuple key, tuple roots, Py_ssize_t seq, object reason, object origin)
     @cython.locals(bucket=Bucket)
     cdef Bucket _open_bucket(self, Edge edge, tuple bucket_key, tuple roots, Py_ssize_t seq)
-    @cython.locals(node=NodeProgram, act=Activation)
+    @cython.locals(node=NodeProgram)
     cdef _close_bucket(self, Edge edge, tuple bucket_key, Bucket bucket, Py_ssize_t outcome)
-    cdef _dead(self, Activation act, object reason, object origin)
+    @cython.locals(aid=Py_ssize_t)
+    cdef _dead(self, NodeProgram node, Py_ssize_t group, tuple roots, Py_ssize_t seq, object reason, object origin)
     @cython.locals(state=JoinState)
     cdef _join_arrived(self, NodeProgram node, str name, object value)
-    @cython.locals(state=JoinState, act=Activation, j=JoinField)
+    @cython.locals(state=JoinState, j=JoinField)
     cdef bint _try_join(self, NodeProgram node, bint final) except -1
     @cython.locals(join=JoinField, running=list, buckets=list)
     cdef bint _all_fields_ended(self, NodeProgram node) except -1
@@ -61,14 +70,18 @@ cdef class Call:
     cdef _launch(self)
     cdef _start_task(self, Activation act)
     cdef _error(self, NodeProgram node, str message)
-    @cython.locals(node=NodeProgram)
-    cdef tuple _out_roots(self, Activation act, Py_ssize_t yidx)
-    @cython.locals(node=NodeProgram, seq=Py_ssize_t)
-    cdef Py_ssize_t _out_seq(self, Activation act, Py_ssize_t yidx) except? -1
+    @cython.locals(node=NodeProgram, binding=RoleBinding)
+    cdef object _begin(self, Activation act)
+    @cython.locals(binding=RoleBinding)
+    cdef _finished(self, Activation act)
+    cdef _yielded(self, Activation act, object frame, dict streams)
+    cdef _returned(self, Activation act, object frame, dict streams)
+    @cython.locals(out=Py_ssize_t)
+    cdef Py_ssize_t _out_seq(self, NodeProgram node, Py_ssize_t seq, Py_ssize_t yidx) except? -1
     @cython.locals(node=NodeProgram, route=Route, edge=Edge, kind=Py_ssize_t, seq=Py_ssize_t, key=tuple, roots=tuple)
     cdef _dispatch_frame(self, Activation act, dict frame, Py_ssize_t yidx, dict streams)
-    @cython.locals(route=Route, edge=Edge, seq=Py_ssize_t, roots=tuple)
-    cdef _dispatch_phantom(self, Activation act, object reason, tuple origin)
+    @cython.locals(route=Route, edge=Edge, out_seq=Py_ssize_t, out_roots=tuple)
+    cdef _dispatch_phantom(self, NodeProgram node, Py_ssize_t aid, tuple roots, Py_ssize_t seq, object reason, tuple origin)
     @cython.locals(edge=Edge, key=tuple)
     cdef _end_streams(self, Activation act, dict streams, object reason)
     cdef _emit(self, object event)
@@ -79,7 +92,8 @@ cdef class Call:
     @cython.locals(expected=Py_ssize_t, buffer=dict)
     cdef _flush_stream(self, Py_ssize_t stream, bint final)
 
+cdef tuple _out_roots(NodeProgram node, Py_ssize_t aid, tuple roots, Py_ssize_t yidx)
 @cython.locals(root=Py_ssize_t)
-cdef tuple _key(Activation act, Edge edge, tuple roots, Py_ssize_t yidx)
+cdef tuple _key(NodeProgram node, Py_ssize_t aid, Edge edge, tuple roots, Py_ssize_t yidx)
 @cython.locals(join=JoinField)
 cdef bint _counts_met(NodeProgram node, JoinState state) except -1

@@ -28,6 +28,7 @@ from flowrt.control import bucket as _bucket
 from flowrt.control import program as _program
 from flowrt.control.bucket import Bucket
 from flowrt.control.program import Edge, GraphProgram, NodeProgram
+from flowrt.control.roles import RoleBinding
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Reason
 
@@ -47,7 +48,7 @@ EMPTY, ERROR, CANCEL = Reason.EMPTY, Reason.ERROR, Reason.CANCEL
 
 
 class Activation:
-    __slots__ = ("node", "group", "aid", "inputs", "roots", "seq", "replica", "yielded")
+    __slots__ = ("node", "group", "aid", "inputs", "roots", "seq", "replica", "extras", "yielded")
 
     def __init__(self, node: NodeProgram, group: int, aid: int, inputs: dict, roots: tuple, seq: int):
         self.node = node
@@ -57,7 +58,34 @@ class Activation:
         self.roots = roots  # diamond-root entries (root index, aid, yield index), outermost first
         self.seq = seq
         self.replica = -1  # the replica it runs on, once started
+        self.extras: tuple = ()  # lb broadcast: the other replicas' runs
         self.yielded = 0  # frames produced so far
+
+
+class _Done:
+    """An awaitable that is already complete: awaiting it returns None at once."""
+
+    __slots__ = ()
+
+    def __await__(self):
+        return iter(())
+
+
+class _NoTimeout:
+    """What an activation enters when its interface has no timeout: nothing, at the cost of two
+    calls (a coroutine around the role's run would cost an object per activation)."""
+
+    __slots__ = ()
+
+    def __aenter__(self) -> _Done:
+        return DONE
+
+    def __aexit__(self, *exc_info: object) -> _Done:
+        return DONE  # None: an exception passes through
+
+
+DONE = _Done()
+NO_TIMEOUT = _NoTimeout()
 
 
 class JoinState:
@@ -76,6 +104,8 @@ class Call:
         self.inputs = inputs
         self.session = session
         self.call_id = call_id
+        self.loop = asyncio.get_running_loop()
+        self.custom_tasks = self.loop.get_task_factory() is not None
         self.outbox: deque[dict | None] = deque()  # events for the caller; None ends the call
         self.waiter: asyncio.Future | None = None  # the caller, waiting for an event
         self.errors: list[dict[str, str]] = []
@@ -95,34 +125,34 @@ class Call:
         self.eager_depth = 0
         self.last_aid = 0
         self.cancelled = False
-        self.finished = asyncio.Event()
+        self.ended = False  # the `done` event is out; every table of the call is empty
+        self.end_waiters: list[asyncio.Future] | None = None
         # the caller's view: per streamed output the next SeqId due and the frames waiting for it
         self.expected = [0] * len(program.streams)
         self.buffers: list[dict | None] = [None] * len(program.streams)
         self.returned: set[str] = set()
         self.errored: set[str] = set()
-        self.activations: list[tuple[str, int]] = []  # (node, group) of every activation, for tests
 
     # ── start and completion ──
 
     def start(self) -> None:
         self.in_flight += 1
         act = Activation(self.program.start, 0, self._aid(), self.inputs, (), 0)
-        self._dispatch_frame(act, dict(self.inputs), 0, None)
-        self._activation_done(act, False)
+        self._dispatch_frame(act, self.inputs, 0, None)  # frames are only read: the caller's copy will do
+        self._activation_done(act.node, 0, 0, False)
         self._launch()
 
     def _aid(self) -> int:
         self.last_aid += 1
         return self.last_aid
 
-    def _activation_done(self, act: Activation, ran: bool) -> None:
+    def _activation_done(self, node: NodeProgram, group: int, seq: int, ran: bool) -> None:
+        """An activation of `node` for `group` and `seq` ended (`ran`), or its group died."""
         self.in_flight -= 1
-        node = act.node
         if node.session:
             sequencer = self.sequencers.get(node.index)
             if sequencer is not None:
-                self._spawn(sequencer.settle(act.seq, act.group, ran))
+                self._spawn(sequencer.settle(seq, group, ran))
         for join in node.join_watchers:
             if join.index in self.joins:
                 self._try_join(join, False)
@@ -144,8 +174,17 @@ class Call:
         if self.in_flight == 0 and self.running == 0:
             self._finish()
 
+    async def wait_ended(self) -> None:
+        """Return once the call has ended."""
+        if not self.ended:
+            waiter = asyncio.get_running_loop().create_future()
+            if self.end_waiters is None:
+                self.end_waiters = []
+            self.end_waiters.append(waiter)
+            await waiter
+
     def _finish(self) -> None:
-        if self.finished.is_set():
+        if self.ended:
             return
         for index, buffer in enumerate(self.buffers):
             if buffer is not None:
@@ -161,10 +200,13 @@ class Call:
         self.seen_unreachable.clear()
         self._emit({"event": "done", "status": status, "errors": list(self.errors), "missing": missing})
         self._emit(None)
-        self.finished.set()
+        self.ended = True
+        for waiter in self.end_waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
 
     def cancel(self) -> None:
-        if self.cancelled or self.finished.is_set():
+        if self.cancelled or self.ended:
             return
         self.cancelled = True
         for task in list(self.tasks):
@@ -211,8 +253,7 @@ class Call:
             self.seen_unreachable.add(dedup)
         if kind == DIRECT:
             # one slot filled by one frame: the bucket would die on this very signal
-            act = Activation(node, group.index, self._aid(), {}, roots, seq)
-            self._dead(act, reason, origin)
+            self._dead(node, group.index, roots, seq, reason, origin)
             return
         bucket_key = (node.index, group.index, key)
         bucket = self.buckets.get(bucket_key)
@@ -237,14 +278,14 @@ class Call:
         if outcome == FIRED:
             self._schedule(Activation(node, edge.group.index, self._aid(), bucket.inputs(), bucket.roots, bucket.seq))
         else:
-            act = Activation(node, edge.group.index, self._aid(), {}, bucket.roots, bucket.seq)
-            self._dead(act, bucket.reason or EMPTY, bucket.origin)
+            self._dead(node, edge.group.index, bucket.roots, bucket.seq, bucket.reason or EMPTY, bucket.origin)
 
-    def _dead(self, act: Activation, reason: Reason, origin: tuple | None) -> None:
+    def _dead(self, node: NodeProgram, group: int, roots: tuple, seq: int, reason: Reason, origin: tuple | None) -> None:
         """A group that will not fire for this key: its activation becomes a phantom."""
         self.in_flight += 1
-        self._dispatch_phantom(act, reason, origin or (act.node.index, act.aid))
-        self._activation_done(act, False)
+        aid = self._aid()
+        self._dispatch_phantom(node, aid, roots, seq, reason, origin or (node.index, aid))
+        self._activation_done(node, group, seq, False)
 
     # ── joins ──
 
@@ -274,8 +315,7 @@ class Call:
             if final:
                 del self.joins[node.index]
                 self.joins_done.add(node.index)
-                act = Activation(node, 0, self._aid(), {}, (), 0)
-                self._dead(act, ERROR if self.errors else EMPTY, None)
+                self._dead(node, 0, (), 0, ERROR if self.errors else EMPTY, None)
                 return True
             return False
         state.fired = True
@@ -301,11 +341,10 @@ class Call:
         node = act.node
         self.in_flight += 1
         self.running_by_node[node.index] += 1
-        self.activations.append((node.id, act.group))
         if not node.interface:
-            self._dispatch_frame(act, dict(act.inputs), 0, None)
+            self._dispatch_frame(act, act.inputs, 0, None)
             self.running_by_node[node.index] -= 1
-            self._activation_done(act, True)
+            self._activation_done(node, act.group, act.seq, True)
             return
         if node.session:
             sequencer = self.sequencers.get(node.index)
@@ -328,15 +367,17 @@ class Call:
             self._start_task(act)
 
     def _start_task(self, act: Activation) -> None:
-        loop = asyncio.get_running_loop()
-        if EAGER_TASKS and self.eager_depth < MAX_EAGER_DEPTH:
+        loop = self.loop
+        if self.custom_tasks:
+            loop.create_task(self._run(act))  # the loop's task factory decides
+        elif EAGER_TASKS and self.eager_depth < MAX_EAGER_DEPTH:
             self.eager_depth += 1
             try:
                 asyncio.Task(self._run(act), loop=loop, eager_start=True)
             finally:
                 self.eager_depth -= 1
         else:
-            loop.create_task(self._run(act))
+            asyncio.Task(self._run(act), loop=loop)  # what loop.create_task does without a factory
 
     async def _run(self, act: Activation) -> None:
         """Run an activation, then any its end made ready: the first in this task, the rest in new ones.
@@ -360,11 +401,15 @@ class Call:
                 try:
                     if self.cancelled:
                         raise asyncio.CancelledError
-                    if node.timeout is None:
-                        await self._produce(act, streams)
-                    else:
-                        async with asyncio.timeout(node.timeout):
-                            await self._produce(act, streams)
+                    result = self._begin(act)
+                    async with NO_TIMEOUT if node.timeout is None else asyncio.timeout(node.timeout):
+                        if type(result) is AsyncGeneratorType:
+                            async for frame in result:
+                                self._yielded(act, frame, streams)
+                        else:
+                            self._returned(act, await result, streams)
+                        for extra in act.extras:  # broadcast: the other replicas run for their side effects
+                            await RoleBinding.drain(extra)
                 except TimeoutError:
                     reason = CANCEL
                     self._error(node, f"timed out after {node.timeout:g}s")
@@ -376,80 +421,72 @@ class Call:
                     self._error(node, f"{type(error).__name__}: {error}")
                     log.debug("role %s raised", node.id, exc_info=True)
                 finally:
+                    self._finished(act)
                     # what this activation's end (or its returned frame) readies goes on in this task
                     if act.yielded == 0:
-                        self._dispatch_phantom(act, reason or EMPTY, (node.index, act.aid))
+                        self._dispatch_phantom(node, act.aid, act.roots, act.seq, reason or EMPTY, (node.index, act.aid))
                     if streams:
                         self._end_streams(act, streams, reason)
                     self.running_by_node[node.index] -= 1
                     self.running -= 1
-                    self._activation_done(act, True)
+                    self._activation_done(node, act.group, act.seq, True)
                 ready = self.ready
                 if not ready:
                     return
-                self.ready = []
+                self.ready = []  # a new list: the tasks started below may ready more
                 act = ready[0]
-                for other in ready[1:]:
-                    self._start_task(other)
+                for i in range(1, len(ready)):
+                    self._start_task(ready[i])
         finally:
             self.tasks.discard(task)
 
     def _error(self, node: NodeProgram, message: str) -> None:
         self.errors.append({"role": node.role or "", "interface": node.method, "message": message})
 
-    async def _produce(self, act: Activation, streams: dict | None) -> None:
-        """Run the user's method and dispatch each frame as it comes (no wrapper generator between)."""
+    def _begin(self, act: Activation) -> Any:
+        """Invoke the role on its replica(s): the chosen replica's async generator or awaitable."""
         node = act.node
         binding = node.binding
-        extras: list = []
-        try:
-            act.replica, result, extras = binding.begin(node, self.session, self.call_id, self.graph, act.inputs)
-            if type(result) is AsyncGeneratorType:
-                async for frame in result:
-                    if type(frame) is not dict:
-                        frame = _frame(frame, node)
-                    self._dispatch_frame(act, frame, act.yielded, streams)
-                    act.yielded += 1
-                    if self.ready:
-                        self._launch()
-            else:
-                frame = await result
-                if frame is not None:
-                    # the role has finished: what its frame readies runs in this task once its
-                    # bookkeeping is done, unless broadcast replicas are still to be drained
-                    self._dispatch_frame(act, frame if type(frame) is dict else _frame(frame, node), 0, streams)
-                    act.yielded = 1
-                    if extras and self.ready:
-                        self._launch()
-            for extra in extras:  # broadcast: the other replicas run for their side effects
-                await binding.drain(extra)
-        finally:
-            binding.finished(act.replica, extras)
+        act.replica, result, act.extras = binding.begin(node, self.session, self.call_id, self.graph, act.inputs)
+        return result
+
+    def _finished(self, act: Activation) -> None:
+        binding = act.node.binding
+        binding.finished(act.replica, act.extras)
+
+    def _yielded(self, act: Activation, frame: Any, streams: dict | None) -> None:
+        """A frame the role yielded: dispatch it, and start at once what it readied."""
+        if type(frame) is not dict:
+            frame = _frame(frame, act.node)
+        self._dispatch_frame(act, frame, act.yielded, streams)
+        act.yielded += 1
+        if self.ready:
+            self._launch()
+
+    def _returned(self, act: Activation, frame: Any, streams: dict | None) -> None:
+        """The role returned: dispatch its frame (None is none). What the frame readies runs in
+        this task once the activation's bookkeeping is done, unless broadcast replicas are still
+        to be drained."""
+        if frame is not None:
+            self._dispatch_frame(act, frame if type(frame) is dict else _frame(frame, act.node), 0, streams)
+            act.yielded = 1
+            if act.extras and self.ready:
+                self._launch()
 
     # ── outbound ──
 
-    def _out_roots(self, act: Activation, yidx: int) -> tuple:
-        node = act.node
-        if not act.roots:
-            return ((node.index, act.aid, yidx),) if node.diamond_root else ()
-        carried = node.carried
-        roots = tuple(e for e in act.roots if e[0] in carried and e[0] != node.index)
-        if node.diamond_root:
-            roots += ((node.index, act.aid, yidx),)  # one entry per root: the newest frame (loops)
-        return roots
-
-    def _out_seq(self, act: Activation, yidx: int) -> int:
-        node = act.node
+    def _out_seq(self, node: NodeProgram, seq: int, yidx: int) -> int:
+        """The SeqId of frame `yidx` of an activation of `node` that came with `seq`."""
         if node.session:  # session nodes re-number their frames 0, 1, ... per call
-            seq = self.session_counters[node.index]
-            self.session_counters[node.index] = seq + 1
-            return seq
-        return yidx if node.stream else act.seq
+            out = self.session_counters[node.index]
+            self.session_counters[node.index] = out + 1
+            return out
+        return yidx if node.stream else seq
 
     def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
         node = act.node
-        roots = self._out_roots(act, yidx) if node.diamond_root or (act.roots and node.carried) else ()
-        seq = self._out_seq(act, yidx)
+        roots = _out_roots(node, act.aid, act.roots, yidx) if node.diamond_root or (act.roots and node.carried) else ()
+        seq = self._out_seq(node, act.seq, yidx)
         for route in node.routes:
             name = route.field
             if name in frame:
@@ -463,26 +500,26 @@ class Call:
                     elif kind == JOIN:
                         self._join_arrived(edge.node, name, value)
                     else:
-                        key = _key(act, edge, roots, yidx)
+                        key = _key(node, act.aid, edge, roots, yidx)
                         self._arrive(edge, key, value, roots, seq)
                         if kind == STREAM_SLOT and streams is not None:
                             streams[(edge, key)] = True
             else:
                 for edge in route.absent:
-                    key = _key(act, edge, roots, yidx)
+                    key = _key(node, act.aid, edge, roots, yidx)
                     if edge.kind == STREAM_SLOT:
                         if streams is not None and (edge, key) not in streams:
                             streams[(edge, key)] = False
                     else:
                         self._unreachable(edge, key, roots, seq, EMPTY, (node.index, act.aid, yidx))
 
-    def _dispatch_phantom(self, act: Activation, reason: Reason, origin: tuple) -> None:
-        """An activation (or bucket) that produced nothing: every edge learns it is unreachable."""
-        roots = self._out_roots(act, 0)
-        seq = self._out_seq(act, 0)
-        for route in act.node.routes:
+    def _dispatch_phantom(self, node: NodeProgram, aid: int, roots: tuple, seq: int, reason: Reason, origin: tuple) -> None:
+        """An activation (or group) that produced nothing: every edge learns it is unreachable."""
+        out_roots = _out_roots(node, aid, roots, 0)
+        out_seq = self._out_seq(node, seq, 0)
+        for route in node.routes:
             for edge in route.absent:
-                self._unreachable(edge, _key(act, edge, roots, 0), roots, seq, reason, origin)
+                self._unreachable(edge, _key(node, aid, edge, out_roots, 0), out_roots, out_seq, reason, origin)
 
     def _end_streams(self, act: Activation, streams: dict, reason: Reason | None) -> None:
         for (edge, key), delivered in streams.items():
@@ -562,14 +599,25 @@ class Call:
         }
 
 
-def _key(act: Activation, edge: Edge, roots: tuple, yidx: int) -> tuple:
+def _out_roots(node: NodeProgram, aid: int, roots: tuple, yidx: int) -> tuple:
+    """The diamond-root entries frame `yidx` of activation `aid` of `node` carries."""
+    if not roots:
+        return ((node.index, aid, yidx),) if node.diamond_root else ()
+    carried = node.carried
+    out = tuple(e for e in roots if e[0] in carried and e[0] != node.index)
+    if node.diamond_root:
+        out += ((node.index, aid, yidx),)  # one entry per root: the newest frame (loops)
+    return out
+
+
+def _key(node: NodeProgram, aid: int, edge: Edge, roots: tuple, yidx: int) -> tuple:
     """Rule C: the diamond root's entry carried by the frame; Rule A: the sending frame."""
     if edge.rule_c:
         root = edge.root
         for entry in roots:
             if entry[0] == root:
                 return entry
-    return (act.node.index, act.aid, yidx)
+    return (node.index, aid, yidx)
 
 
 def _counts_met(node: NodeProgram, state: JoinState) -> bool:

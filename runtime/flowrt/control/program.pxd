@@ -38,5 +38,6 @@ cdef class GraphProgram:
     cdef public str name
     cdef public tuple nodes, entry, streams, returns, joins
     cdef public dict by_id
+    cdef public frozenset entry_set
     cdef public NodeProgram start
     cdef public object timeout

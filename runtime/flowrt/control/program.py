@@ -132,7 +132,7 @@ class NodeProgram:
 
 
 class GraphProgram:
-    __slots__ = ("name", "nodes", "by_id", "start", "entry", "streams", "returns", "timeout", "joins")
+    __slots__ = ("name", "nodes", "by_id", "start", "entry", "entry_set", "streams", "returns", "timeout", "joins")
 
     def __init__(self, name: str, plan: dict, tables: dict[str, NodeTables]):
         self.name = name
@@ -141,6 +141,7 @@ class GraphProgram:
         self.by_id = {node.id: node for node in self.nodes}
         self.start = self.by_id[plan["start"]]
         self.entry = tuple(plan["entry"])
+        self.entry_set = frozenset(self.entry)
         outputs = plan["outputs"]
         self.streams = tuple((o["field"], o["ordered"]) for o in outputs if o["kind"] == "stream")
         self.returns = tuple(o["field"] for o in outputs if o["kind"] == "return")

@@ -2,6 +2,7 @@
 from flowrt.control.program cimport NodeProgram
 
 cdef Py_ssize_t BROADCAST
+cdef object NO_GLOBALS
 
 cdef class Context:
     cdef public object session, call_id, graph, role, interface, globals, logger, replica
@@ -16,4 +17,4 @@ cdef class RoleBinding:
 
     cpdef Py_ssize_t replica(self, str session) except -1
     cpdef tuple begin(self, NodeProgram node, str session, object call_id, str graph, dict inputs)
-    cpdef finished(self, Py_ssize_t replica, list extras)
+    cpdef finished(self, Py_ssize_t replica, tuple extras)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import inspect
 import logging
 import zlib
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from flowrt.tables import RoleSpec
 
 BROADCAST = -2  # an activation's replica when it runs on every replica of its role
+NO_GLOBALS: Mapping[str, Any] = MappingProxyType({})  # `ctx.globals` of a role that `uses` none
 
 if TYPE_CHECKING:
     from flowrt.control.program import NodeProgram
@@ -86,7 +89,7 @@ class RoleBinding:
         """Start an activation of `node` on its replica(s): (the replica, or BROADCAST for all of
         them; the chosen replica's result, an async generator or an awaitable; for `lb broadcast`,
         the other replicas' results). Pair with `finished`."""
-        uses = {name: self.globals[(session, name)] for name in self.uses} if self.uses else {}
+        uses = {name: self.globals[(session, name)] for name in self.uses} if self.uses else NO_GLOBALS
         if not self.broadcast:
             replica = self.replica(session)
             method = node.methods[replica]
@@ -94,7 +97,7 @@ class RoleBinding:
                 raise AttributeError(f"{type(self.instances[replica]).__name__} has no method `{node.method}`")
             result = method(Context(session, call_id, graph, self.name, node.method, uses, self.log, replica), **inputs)
             self.load[replica] += 1
-            return replica, result, []
+            return replica, result, ()
         for replica, method in enumerate(node.methods):
             if method is None:
                 raise AttributeError(f"{type(self.instances[replica]).__name__} has no method `{node.method}`")
@@ -109,9 +112,9 @@ class RoleBinding:
             raise
         for replica in range(self.count):
             self.load[replica] += 1
-        return BROADCAST, results[0], results[1:]
+        return BROADCAST, results[0], tuple(results[1:])
 
-    def finished(self, replica: int, extras: list) -> None:
+    def finished(self, replica: int, extras: tuple) -> None:
         """The activation `begin` started on `replica` has ended."""
         if replica >= 0:
             self.load[replica] -= 1
@@ -121,7 +124,7 @@ class RoleBinding:
         self._discard(extras)
 
     @staticmethod
-    def _discard(results: list) -> None:
+    def _discard(results: list | tuple) -> None:
         for result in results:
             if inspect.iscoroutine(result) and result.cr_frame is not None and not result.cr_running:
                 result.close()  # a broadcast replica never awaited (the chosen one raised): no warning

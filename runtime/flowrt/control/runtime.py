@@ -18,8 +18,7 @@ import itertools
 import logging
 import sys
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +41,14 @@ class BadInputs(FlowrtError):
     """A call's inputs do not match the graph's entry placeholders."""
 
 
-@dataclass
 class GCScheduler:
     """Session FIFO: a session's graph calls run one at a time, in order; sessions are independent."""
 
-    queues: dict[str, deque[asyncio.Future]] = field(default_factory=dict)
+    __slots__ = ("queues",)
+
+    def __init__(self) -> None:
+        # per session: the running call's turn (None once granted), then the waiting ones
+        self.queues: dict[str, deque[asyncio.Future | None]] = {}
 
     def enter(self, session: str) -> bool:
         """Take the session's turn at once if no call of it is running or queued."""
@@ -102,14 +104,15 @@ class Runtime:
         }
         self.instances: dict[str, list[Any]] = {}
         self.bindings: dict[str, RoleBinding] = {}
+        # the state of each global a role `uses`, per session: (session, name) -> dict
         self.globals: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
+        self.global_names = sorted({name for role in self.roles.values() for name in role.uses})
         self.scheduler = GCScheduler()
         self.calls: set[Call] = set()
         self.call_ids = itertools.count(1)
         self.log = logging.getLogger(f"flowrt.{bundle.name}")
         self.last_call: Call | None = None  # the most recent finished call, for inspection
-        self._idle = asyncio.Event()  # set while no call is in flight
-        self._idle.set()
+        self._idle_waiters: list[asyncio.Future] = []  # wait_idle() callers, woken when no call is in flight
 
     @classmethod
     async def open(cls, path: str | Path, instances: dict[str, list[Any]] | None = None) -> Runtime:
@@ -121,7 +124,7 @@ class Runtime:
     async def close(self) -> None:
         for call in list(self.calls):
             call.cancel()
-            await call.finished.wait()
+            await call.wait_ended()
 
     # ── roles ──
 
@@ -181,12 +184,12 @@ class Runtime:
         """Call a graph; yields its events (stream, return, done) as dicts."""
         program = self.validate(graph, inputs)
         call_id = next(self.call_ids)
-        session = session if session is not None else f"call-{call_id}"
+        anonymous = session is None  # its own session: no later call can share its globals
+        session = f"call-{call_id}" if anonymous else session
         if not self.scheduler.enter(session):
             await self.scheduler.acquire(session)
         call = Call(self, program, dict(inputs), session, call_id)
         self.calls.add(call)
-        self._idle.clear()
         deadline = timeout if timeout is not None else program.timeout
         loop = asyncio.get_running_loop()
         watchdog = loop.call_later(deadline, call.cancel) if deadline else None
@@ -204,13 +207,19 @@ class Runtime:
         finally:
             if watchdog is not None:
                 watchdog.cancel()
-            if not call.finished.is_set():
+            if not call.ended:
                 call.cancel()  # the caller went away: cancel the call's work
-                await call.finished.wait()
+                await call.wait_ended()
             self.calls.discard(call)
-            if not self.calls:
-                self._idle.set()
+            if not self.calls and self._idle_waiters:
+                for waiter in self._idle_waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                self._idle_waiters.clear()
             self.scheduler.release(session)
+            if anonymous:
+                for name in self.global_names:
+                    self.globals.pop((session, name), None)
             self.last_call = call
 
     def validate(self, graph: str, inputs: dict[str, Any]) -> GraphProgram:
@@ -218,8 +227,12 @@ class Runtime:
         program = self.programs.get(graph)
         if program is None:
             raise UnknownGraph(f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.programs)}")
-        if len(inputs) == len(program.entry) and all(e in inputs for e in program.entry):
+        if isinstance(inputs, dict) and inputs.keys() == program.entry_set:
             return program
+        if not isinstance(inputs, Mapping):
+            raise BadInputs(
+                f"graph `{graph}` takes an object mapping {', '.join(program.entry)} to values, not {type(inputs).__name__}"
+            )
         missing = [e for e in program.entry if e not in inputs]
         extra = [k for k in inputs if k not in program.entry]
         raise BadInputs(
@@ -230,7 +243,10 @@ class Runtime:
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""
-        await self._idle.wait()
+        if self.calls:
+            waiter = asyncio.get_running_loop().create_future()
+            self._idle_waiters.append(waiter)
+            await waiter
 
     def statistics(self) -> dict[str, int]:
         totals: dict[str, int] = defaultdict(int)
