@@ -741,3 +741,176 @@ def test_globals_are_kept_per_session_and_dropped_with_an_anonymous_call(tmp_pat
         assert_clean(rt)
 
     run(main())
+
+
+class GatedFrontend:
+    """Yields one frame per segment ('t' text, 'i' image, '?' neither), then holds the call open
+    until the test has seen what it waits for."""
+
+    def __init__(self):
+        self.release = asyncio.Event()
+
+    async def parse(self, ctx, request):
+        for i, kind in enumerate(request["segments"]):
+            yield {"text_seg": i} if kind == "t" else {"image_seg": i} if kind == "i" else {}
+        await self.release.wait()
+
+
+def test_a_session_node_moves_past_a_seq_whose_groups_all_died_early(tmp_path):
+    """Frame 1 carries neither field: both of llm's groups die for SeqId 1 before SeqId 0 has
+    run. When SeqId 0 settles, the session queue must move on to SeqId 2 at once, not wait
+    until the call has nothing else to do (here: never, the frontend holds it open)."""
+
+    async def main():
+        rng = random.Random(7)
+        frontend, llm = GatedFrontend(), Llm()
+        roles = {
+            "frontend": frontend,
+            "embed": Enc("txt_emb", rng),
+            "vit": Enc("vit_emb", rng),
+            "vae": Enc("vae_lat", rng),
+            "llm": llm,
+        }
+        rt = await open_runtime(BRANCHES, tmp_path, roles)
+        events = []
+        async for event in rt.call("chat", {"request": {"segments": "t?i"}}):
+            events.append(event)
+            if event.get("value") == "i2b":
+                frontend.release.set()
+        assert streamed(events, "token") == ["t0", "i2a", "i2b"]
+        assert llm.branches == [("text", 0), ("image", 2)]
+        assert done(events)["status"] == "ok"
+        assert_clean(rt)
+
+    run(asyncio.wait_for(main(), 10))
+
+
+NESTED_STREAM_SLOT = """
+placeholder request: Json
+
+role src {
+    impl "m:Src"
+    interface run {
+        in  request
+        out stream a: Json, b: Json
+    }
+}
+
+role inner {
+    impl "m:Inner"
+    interface run {
+        in  a
+        out w: Json, x: Json, y: Json
+    }
+}
+
+role p {
+    impl "m:P"
+    interface run {
+        in  x
+        out stream f: Json
+    }
+}
+
+role p2 {
+    impl "m:P2"
+    interface run { in w  out f: Json }
+}
+
+role q {
+    impl "m:Q"
+    interface run { in y  out g: Json }
+}
+
+role sink {
+    impl "m:Sink"
+    interface run {
+        in  f & g
+        out h: Json
+    }
+}
+
+role r {
+    impl "m:R"
+    interface run { in b  out k: Json }
+}
+
+role final {
+    impl "m:Final"
+    interface run {
+        in  h & k
+        out z: Json
+    }
+}
+
+graph g {
+    entry  request
+    stream z
+}
+"""
+
+
+class Frames:
+    async def run(self, ctx, request):
+        for i in range(3):
+            yield {"a": i, "b": i}
+
+
+class Fork:
+    async def run(self, ctx, a):
+        return {"w": a, "x": a, "y": a}
+
+
+class EvenOnly:
+    """A stream that delivers f only for even inputs; for odd ones it yields a frame without f."""
+
+    async def run(self, ctx, x):
+        yield {"f": x} if x % 2 == 0 else {}
+
+
+class Later:
+    """Answers after the other branches have had their turn."""
+
+    def __init__(self, field: str):
+        self.field = field
+
+    async def run(self, ctx, **inputs):
+        await asyncio.sleep(0)
+        (value,) = inputs.values()
+        return {self.field: value}
+
+
+class Pair:
+    def __init__(self, left: str, right: str, out: str):
+        self.left, self.right, self.out = left, right, out
+
+    async def run(self, ctx, **inputs):
+        return {self.out: [inputs[self.left], inputs[self.right]]}
+
+
+def test_a_stream_slot_closed_empty_first_keeps_the_frames_roots(tmp_path):
+    """Nested diamonds (src around inner). For frame 1, p's stream ends without f before p2
+    and q answer: that end of stream is the first signal sink's bucket sees (f has a second
+    producer, so it does not die). sink then fires with p2's f; its frame must still carry
+    src's root entry, or final's bucket for frame 1 is keyed apart from r's k and never fires."""
+
+    async def main():
+        roles = {
+            "src": Frames(),
+            "inner": Fork(),
+            "p": EvenOnly(),
+            "p2": Later("f"),
+            "q": Later("g"),
+            "sink": Pair("f", "g", "h"),
+            "r": Later("k"),
+            "final": Pair("h", "k", "z"),
+        }
+        rt = await open_runtime(NESTED_STREAM_SLOT, tmp_path, roles)
+        events = await asyncio.wait_for(collect(rt, "g", {"request": 1}), 10)
+        # f: p's list where it delivered, else p2's value (the first slot that received, in plan order)
+        expected = [[[[0], 0], 0], [[1, 1], 1], [[[2], 2], 2]]
+        assert sorted(streamed(events, "z"), key=repr) == sorted(expected, key=repr)
+        assert done(events)["status"] == "ok"
+        assert_clean(rt)
+
+    run(main())

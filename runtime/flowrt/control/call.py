@@ -149,10 +149,8 @@ class Call:
     def _activation_done(self, node: NodeProgram, group: int, seq: int, ran: bool) -> None:
         """An activation of `node` for `group` and `seq` ended (`ran`), or its group died."""
         self.in_flight -= 1
-        if node.session:
-            sequencer = self.sequencers.get(node.index)
-            if sequencer is not None:
-                self._spawn(sequencer.settle(seq, group, ran))
+        if node.session:  # a group may die before the node's first activation is scheduled
+            self._spawn(self._sequencer(node).settle(seq, group, ran))
         for join in node.join_watchers:
             if join.index in self.joins:
                 self._try_join(join, False)
@@ -216,13 +214,10 @@ class Call:
 
     def _arrive(self, edge: Edge, key: tuple, value: Any, roots: tuple, seq: int) -> None:
         """ARRIVED at a bucket or stream slot."""
-        node = edge.node
-        bucket_key = (node.index, edge.group.index, key)
-        bucket = self.buckets.get(bucket_key)
+        bucket_key = (edge.node.index, edge.group.index, key)
+        bucket = self._bucket(edge, bucket_key, roots, seq)
         if bucket is None:
-            if bucket_key in self.resolved:
-                return  # the bucket already fired or died (a critical slot ended it early)
-            bucket = self._open_bucket(edge, bucket_key, roots, seq)
+            return
         outcome = bucket.arrived(edge.slot, value)
         if outcome != WAITING:
             self._close_bucket(edge, bucket_key, bucket, outcome)
@@ -256,18 +251,20 @@ class Call:
             self._dead(node, group.index, roots, seq, reason, origin)
             return
         bucket_key = (node.index, group.index, key)
-        bucket = self.buckets.get(bucket_key)
+        bucket = self._bucket(edge, bucket_key, roots, seq)
         if bucket is None:
-            if bucket_key in self.resolved:
-                return
-            bucket = self._open_bucket(edge, bucket_key, roots, seq)
+            return
         outcome = bucket.unreachable(edge.slot, reason, origin)
         if outcome != WAITING:
             self._close_bucket(edge, bucket_key, bucket, outcome)
 
-    def _open_bucket(self, edge: Edge, bucket_key: tuple, roots: tuple, seq: int) -> Bucket:
-        bucket = self.buckets[bucket_key] = Bucket(edge.group, roots, seq)
-        self.open_buckets[edge.node.index] += 1
+    def _bucket(self, edge: Edge, bucket_key: tuple, roots: tuple, seq: int) -> Bucket | None:
+        """The open bucket of `bucket_key`, opened by this signal if need be; None once it fired
+        or died (a critical slot can end it early), so late signals are dropped."""
+        bucket = self.buckets.get(bucket_key)
+        if bucket is None and bucket_key not in self.resolved:
+            bucket = self.buckets[bucket_key] = Bucket(edge.group, roots, seq)
+            self.open_buckets[edge.node.index] += 1
         return bucket
 
     def _close_bucket(self, edge: Edge, bucket_key: tuple, bucket: Bucket, outcome: int) -> None:
@@ -347,13 +344,16 @@ class Call:
             self._activation_done(node, act.group, act.seq, True)
             return
         if node.session:
-            sequencer = self.sequencers.get(node.index)
-            if sequencer is None:
-                sequencer = self.sequencers[node.index] = Sequencer(len(node.groups), node.ordered)
-            self._spawn(sequencer.ready(act.seq, act))
+            self._spawn(self._sequencer(node).ready(act.seq, act))
         else:
-            self.running += 1
-            self.ready.append(act)
+            self._spawn(act)
+
+    def _sequencer(self, node: NodeProgram) -> Sequencer:
+        """The session queue of `node` in this call, created when first needed."""
+        sequencer = self.sequencers.get(node.index)
+        if sequencer is None:
+            sequencer = self.sequencers[node.index] = Sequencer(len(node.groups), node.ordered)
+        return sequencer
 
     def _spawn(self, act: Activation | None) -> None:
         if act is not None:
@@ -503,13 +503,15 @@ class Call:
                         key = _key(node, act.aid, edge, roots, yidx)
                         self._arrive(edge, key, value, roots, seq)
                         if kind == STREAM_SLOT and streams is not None:
-                            streams[(edge, key)] = True
+                            opened = streams.get((edge, key))
+                            if opened is None or not opened[0]:
+                                streams[(edge, key)] = (True, roots, seq)
             else:
                 for edge in route.absent:
                     key = _key(node, act.aid, edge, roots, yidx)
                     if edge.kind == STREAM_SLOT:
                         if streams is not None and (edge, key) not in streams:
-                            streams[(edge, key)] = False
+                            streams[(edge, key)] = (False, roots, seq)
                     else:
                         self._unreachable(edge, key, roots, seq, EMPTY, (node.index, act.aid, yidx))
 
@@ -522,11 +524,14 @@ class Call:
                 self._unreachable(edge, _key(node, aid, edge, out_roots, 0), out_roots, out_seq, reason, origin)
 
     def _end_streams(self, act: Activation, streams: dict, reason: Reason | None) -> None:
-        for (edge, key), delivered in streams.items():
+        """The activation ended: close every stream slot its frames used, as an end of stream
+        if it delivered and did not fail, else as unreachable. The signal carries the roots and
+        SeqId of the frames that used the slot: it may be the first its bucket sees."""
+        for (edge, key), (delivered, roots, seq) in streams.items():
             if delivered and reason is None:
                 self._end(edge, key)
             else:
-                self._unreachable(edge, key, (), 0, reason or EMPTY, (act.node.index, act.aid))
+                self._unreachable(edge, key, roots, seq, reason or EMPTY, (act.node.index, act.aid))
 
     # ── the caller ──
 

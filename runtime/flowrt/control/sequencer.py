@@ -2,7 +2,8 @@
 
 In ordered mode activations are released strictly by the SeqId of their input frames: the
 one with the expected SeqId runs, and the expected SeqId advances once every OR group of the
-node has settled (fired and finished, or DEAD) for it. In FIFO mode (inputs without one
+node has settled (fired and finished, or DEAD) for it, and on past every later SeqId that
+settled before its turn (a frame whose groups all died early). In FIFO mode (inputs without one
 common order source, or the node sits in a loop) activations run one at a time in arrival
 order. Either way one activation runs at a time. `release_stalled` lets a call that went idle
 skip a SeqId that can no longer arrive, so a gap never hangs a call.
@@ -17,7 +18,7 @@ from typing import Any
 
 
 class Sequencer:
-    __slots__ = ("groups", "ordered", "expected", "busy", "pending", "settled", "fifo")
+    __slots__ = ("groups", "ordered", "expected", "busy", "pending", "settled", "done_ahead", "fifo")
 
     def __init__(self, groups: int, ordered: bool):
         self.groups = groups
@@ -26,6 +27,7 @@ class Sequencer:
         self.busy = False
         self.pending: dict[int, deque] = {}  # SeqId -> activations waiting for their turn
         self.settled: dict[int, set[int]] = {}  # SeqId -> groups done with it
+        self.done_ahead: set[int] = set()  # SeqIds every group settled before their turn
         self.fifo: deque = deque()
 
     def ready(self, seq: int, act: Any) -> Any:
@@ -51,8 +53,18 @@ class Sequencer:
                 del self.settled[seq]
                 self.pending.pop(seq, None)
                 if seq == self.expected:
-                    self.expected += 1
+                    self._next()
+                elif seq > self.expected:
+                    self.done_ahead.add(seq)
         return self._advance()
+
+    def _next(self) -> None:
+        """The expected SeqId is done: expect the next one not done already."""
+        expected = self.expected + 1
+        while expected in self.done_ahead:
+            self.done_ahead.discard(expected)
+            expected += 1
+        self.expected = expected
 
     def _advance(self) -> Any:
         if self.busy:
@@ -76,4 +88,5 @@ class Sequencer:
         if not waiting:
             return None
         self.expected = min(waiting)
+        self.done_ahead = {s for s in self.done_ahead if s > self.expected}
         return self._advance()
