@@ -204,3 +204,147 @@ def test_a_call_cancelled_before_a_new_task_has_started_still_ends(tmp_path, mon
         assert_clean(rt)
 
     asyncio.run(asyncio.wait_for(main(), 10))  # a call that never ends fails here, not by hanging
+
+
+SIBLINGS = """
+placeholder request: Json
+
+role src {
+    impl "m:Src"
+    interface run {
+        in  request
+        out stream a: Json, b: Json
+    }
+}
+
+role waiter {
+    impl "m:Waiter"
+    interface run {
+        in  a
+        out got: Json
+        timeout {timeout}
+    }
+}
+
+role helper {
+    impl "m:Helper"
+    interface run { in b  out helped: Json }
+}
+
+graph g {
+    entry  request
+    return got, helped
+}
+"""
+
+
+class Handshake:
+    """Shared by the roles of one test: the helper opens the gate the others wait on."""
+
+    def __init__(self):
+        self.gate = asyncio.Event()
+        self.log: list[str] = []
+        self.tasks: dict[str, asyncio.Task] = {}
+
+
+class Src:
+    def __init__(self, shake: Handshake, wait_after_frame: bool):
+        self.shake, self.wait_after_frame = shake, wait_after_frame
+
+    async def run(self, ctx, request):
+        self.shake.tasks["src"] = asyncio.current_task()
+        yield {"a": 1, "b": 2}
+        if self.wait_after_frame:  # the next step suspends: the frame's activations must be running by then
+            await self.shake.gate.wait()
+            self.shake.log.append("src resumed")
+
+
+class Waiter:
+    def __init__(self, shake: Handshake, forever: bool = False):
+        self.shake, self.forever = shake, forever
+        self.cancelled = False
+
+    async def run(self, ctx, a):
+        self.shake.tasks["waiter"] = asyncio.current_task()
+        try:
+            if self.forever:
+                await asyncio.Event().wait()
+            await self.shake.gate.wait()  # helper, readied with this one, must run while this waits
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        self.shake.log.append("waiter resumed")
+        return {"got": a}
+
+
+class Helper:
+    def __init__(self, shake: Handshake):
+        self.shake = shake
+
+    async def run(self, ctx, b):
+        self.shake.tasks["helper"] = asyncio.current_task()
+        self.shake.log.append("helper ran")
+        self.shake.gate.set()
+        return {"helped": b}
+
+
+def siblings(timeout: str = "10s") -> str:
+    return SIBLINGS.replace("{timeout}", timeout)
+
+
+@pytest.mark.parametrize("eager", MODES)
+def test_a_role_that_suspends_hands_the_waiting_activations_to_tasks_of_their_own(tmp_path, monkeypatch, eager):
+    """waiter and helper are readied together; waiter runs first (in src's task, once src has
+    ended) and awaits what helper does. helper must get a task of its own when waiter
+    suspends, or the call deadlocks; waiter stays in the task it started in."""
+    monkeypatch.setattr(call_module, "EAGER_TASKS", eager)
+
+    async def main():
+        shake = Handshake()
+        rt = await open_runtime(
+            siblings(), tmp_path, {"src": Src(shake, False), "waiter": Waiter(shake), "helper": Helper(shake)}
+        )
+        events = await collect(rt, "g", {"request": 1})
+        assert returned(events) == {"got": 1, "helped": 2}
+        assert done(events)["status"] == "ok"
+        assert shake.log == ["helper ran", "waiter resumed"]
+        assert shake.tasks["waiter"] is shake.tasks["src"] and shake.tasks["helper"] is not shake.tasks["src"]
+        assert_clean(rt)
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+@pytest.mark.parametrize("eager", MODES)
+def test_a_stream_that_suspends_after_a_frame_hands_that_frames_activations_on(tmp_path, monkeypatch, eager):
+    """src's frame readies waiter and helper, then src's next step awaits what helper does."""
+    monkeypatch.setattr(call_module, "EAGER_TASKS", eager)
+
+    async def main():
+        shake = Handshake()
+        rt = await open_runtime(siblings(), tmp_path, {"src": Src(shake, True), "waiter": Waiter(shake), "helper": Helper(shake)})
+        events = await collect(rt, "g", {"request": 1})
+        assert returned(events) == {"got": 1, "helped": 2}
+        assert shake.log[0] == "helper ran" and sorted(shake.log[1:]) == ["src resumed", "waiter resumed"]
+        assert_clean(rt)
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+@pytest.mark.parametrize("eager", MODES)
+def test_a_timeout_cancels_a_role_stepped_by_hand(tmp_path, monkeypatch, eager):
+    """waiter suspends with helper waiting behind it, so it runs stepped by hand; its interface
+    timeout must reach it as a cancellation, as through a plain await."""
+    monkeypatch.setattr(call_module, "EAGER_TASKS", eager)
+
+    async def main():
+        shake = Handshake()
+        waiter = Waiter(shake, forever=True)
+        rt = await open_runtime(siblings("50ms"), tmp_path, {"src": Src(shake, False), "waiter": waiter, "helper": Helper(shake)})
+        events = await collect(rt, "g", {"request": 1})
+        end = done(events)
+        assert waiter.cancelled and end["status"] == "cancelled"
+        assert end["errors"] == [{"role": "waiter", "interface": "run", "message": "timed out after 0.05s"}]
+        assert returned(events) == {"helped": 2}
+        assert_clean(rt)
+
+    asyncio.run(asyncio.wait_for(main(), 10))

@@ -24,6 +24,9 @@ cdef class _Done:
 cdef class _NoTimeout:
     pass
 
+cdef class _Resume:
+    cdef object awaitable, waiting
+
 cdef class JoinState:
     cdef public dict values
     cdef public bint fired
@@ -70,6 +73,8 @@ cdef class Call:
     cdef Sequencer _sequencer(self, NodeProgram node)
     cdef _spawn(self, object act)
     cdef _launch(self)
+    @cython.locals(ready=list, act=Activation)
+    cdef Activation _next_ready(self)
     cdef _start_task(self, Activation act)
     cdef _error(self, NodeProgram node, str message)
     @cython.locals(node=NodeProgram, binding=RoleBinding)
@@ -94,6 +99,7 @@ cdef class Call:
     @cython.locals(expected=Py_ssize_t, buffer=dict)
     cdef _flush_stream(self, Py_ssize_t stream, bint final)
 
+cdef tuple _first_step(object awaitable)
 cdef tuple _out_roots(NodeProgram node, Py_ssize_t aid, tuple roots, Py_ssize_t yidx)
 @cython.locals(root=Py_ssize_t)
 cdef tuple _key(NodeProgram node, Py_ssize_t aid, Edge edge, tuple roots, Py_ssize_t yidx)

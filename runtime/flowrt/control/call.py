@@ -2,14 +2,13 @@
 order, completion (DESIGN §4; docs/runtime.md gives the rules this module implements).
 
 Delivery is synchronous: a signal goes inbound → bucket → fire on one call chain with no await,
-so bucket state never interleaves. A fired activation is only queued there (`ready`); it is
-launched when the step that readied it is over (after a frame's dispatch, at a call's start,
-at an activation's end), so the user's code never runs inside the state machine. It then runs
-in a task (the user's code may await): the finished activation's own task when it became ready
-only as that one ended, else a new one. On Python 3.12+ a new task starts eagerly: the role runs
-at once and a task that never suspends costs no turn of the event loop. The call ends when its
-in-flight count reaches zero; then every table of the call is empty, which `statistics()` lets
-tests assert.
+so bucket state never interleaves. A fired activation is only queued there (`ready`), so the
+user's code never runs inside the state machine. Queued activations wait for the task whose
+step readied them and run in it one after another; when that task is about to suspend, the
+ones still waiting get tasks of their own (`_launch`), so nothing waits across an await and a
+role that never suspends costs no task (`_run`). On Python 3.12+ new tasks start eagerly. The
+call ends when its in-flight count reaches zero; then every table of the call is empty, which
+`statistics()` lets tests assert.
 
 Signals are not objects: ARRIVED, SLOT_EOS and UNREACHABLE are the methods `_arrive`, `_end`
 and `_unreachable`, taking the edge, the key and what the signal carries.
@@ -21,7 +20,7 @@ import asyncio
 import logging
 import sys
 from collections import deque
-from types import AsyncGeneratorType
+from types import AsyncGeneratorType, CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from flowrt.control import bucket as _bucket
@@ -86,6 +85,37 @@ class _NoTimeout:
 
 DONE = _Done()
 NO_TIMEOUT = _NoTimeout()
+
+
+class _Resume:
+    """`await` for a coroutine (or awaitable iterator) whose first step already ran by hand:
+    passes what it waits on up to the task and passes back what the task sends (its wake-up)
+    or throws (a cancellation), as `await` would; its result is the coroutine's."""
+
+    __slots__ = ("awaitable", "waiting")
+
+    def __init__(self, awaitable: Any, waiting: Any):
+        self.awaitable = awaitable
+        self.waiting = waiting
+
+    def __await__(self):
+        awaitable, waiting = self.awaitable, self.waiting
+        while True:
+            try:
+                sent = yield waiting
+            except GeneratorExit:
+                awaitable.close()
+                raise
+            except BaseException as error:  # noqa: BLE001 - thrown in by the task: passed on, as `await` does
+                try:
+                    waiting = awaitable.throw(error)
+                except StopIteration as finished:
+                    return finished.value
+            else:
+                try:
+                    waiting = awaitable.send(sent)
+                except StopIteration as finished:
+                    return finished.value
 
 
 class JoinState:
@@ -361,7 +391,10 @@ class Call:
             self.ready.append(act)
 
     def _launch(self) -> None:
-        """Start every ready activation in a task of its own (the end of a step of the call)."""
+        """Start every ready activation in a task of its own: the current step is about to
+        suspend, or it is the caller's (which runs no roles)."""
+        if not self.ready:
+            return
         ready, self.ready = self.ready, []
         for act in ready:
             self._start_task(act)
@@ -380,12 +413,15 @@ class Call:
             asyncio.Task(self._run(act), loop=loop)  # what loop.create_task does without a factory
 
     async def _run(self, act: Activation) -> None:
-        """Run an activation, then any its end made ready: the first in this task, the rest in new ones.
+        """Run an activation, then the ones ready by then, one after another in this task.
 
-        An activation that becomes ready only after its producer's code has finished (the
-        producer returned its frame, or its end fired a join or released a session queue) would
-        otherwise need a new task while this one ends; running it here saves the task and a
-        turn of the event loop. Nothing is deferred across an await, so concurrency is unchanged.
+        Activations readied by a step of this task (`ready`) wait for it, not for a task of
+        their own: the first is run here once the current one ends. If the current one is
+        about to suspend, every waiting activation is handed to a task of its own first
+        (`_launch`), so nothing waits across an await and concurrency is as if each had had its
+        own task from the start. To see that moment the role is stepped by hand while others
+        wait (`_first_step`, then `await _Resume`, which is `await` for a started coroutine); a
+        role that never suspends then costs no task and no turn of the event loop.
 
         The task is in `tasks` (what `cancel` cancels) only while this body runs: a task
         cancelled before its first step would never run it, and its activation would never end.
@@ -404,12 +440,32 @@ class Call:
                     result = self._begin(act)
                     async with NO_TIMEOUT if node.timeout is None else asyncio.timeout(node.timeout):
                         if type(result) is AsyncGeneratorType:
-                            async for frame in result:
+                            while True:
+                                try:
+                                    if self.ready:  # others wait for this task: see whether this step suspends
+                                        step = result.__anext__()
+                                        done, frame = _first_step(step)
+                                        if not done:
+                                            self._launch()
+                                            frame = await _Resume(step, frame)
+                                    else:
+                                        frame = await result.__anext__()
+                                except StopAsyncIteration:
+                                    break
                                 self._yielded(act, frame, streams)
+                        elif self.ready and type(result) is CoroutineType:
+                            done, frame = _first_step(result)
+                            if not done:
+                                self._launch()
+                                frame = await _Resume(result, frame)
+                            self._returned(act, frame, streams)
                         else:
+                            self._launch()  # an awaitable that cannot be stepped by hand
                             self._returned(act, await result, streams)
-                        for extra in act.extras:  # broadcast: the other replicas run for their side effects
-                            await RoleBinding.drain(extra)
+                        if act.extras:  # broadcast: the other replicas run for their side effects
+                            self._launch()
+                            for extra in act.extras:
+                                await RoleBinding.drain(extra)
                 except TimeoutError:
                     reason = CANCEL
                     self._error(node, f"timed out after {node.timeout:g}s")
@@ -422,7 +478,6 @@ class Call:
                     log.debug("role %s raised", node.id, exc_info=True)
                 finally:
                     self._finished(act)
-                    # what this activation's end (or its returned frame) readies goes on in this task
                     if act.yielded == 0:
                         self._dispatch_phantom(node, act.aid, act.roots, act.seq, reason or EMPTY, (node.index, act.aid))
                     if streams:
@@ -430,15 +485,21 @@ class Call:
                     self.running_by_node[node.index] -= 1
                     self.running -= 1
                     self._activation_done(node, act.group, act.seq, True)
-                ready = self.ready
-                if not ready:
+                if not self.ready:
                     return
-                self.ready = []  # a new list: the tasks started below may ready more
-                act = ready[0]
-                for i in range(1, len(ready)):
-                    self._start_task(ready[i])
+                act = self._next_ready()
         finally:
             self.tasks.discard(task)
+
+    def _next_ready(self) -> Activation:
+        """The waiting activation to run next in this task: one whose role returns if there is
+        one (it cannot leave others waiting across its frames), else the first."""
+        ready = self.ready
+        for i in range(len(ready)):
+            act = ready[i]
+            if not act.node.generator:
+                return ready.pop(i)
+        return ready.pop(0)
 
     def _error(self, node: NodeProgram, message: str) -> None:
         self.errors.append({"role": node.role or "", "interface": node.method, "message": message})
@@ -455,23 +516,17 @@ class Call:
         binding.finished(act.replica, act.extras)
 
     def _yielded(self, act: Activation, frame: Any, streams: dict | None) -> None:
-        """A frame the role yielded: dispatch it, and start at once what it readied."""
+        """A frame the role yielded: dispatch it (what it readies waits for this task)."""
         if type(frame) is not dict:
             frame = _frame(frame, act.node)
         self._dispatch_frame(act, frame, act.yielded, streams)
         act.yielded += 1
-        if self.ready:
-            self._launch()
 
     def _returned(self, act: Activation, frame: Any, streams: dict | None) -> None:
-        """The role returned: dispatch its frame (None is none). What the frame readies runs in
-        this task once the activation's bookkeeping is done, unless broadcast replicas are still
-        to be drained."""
+        """The role returned: dispatch its frame (None is none)."""
         if frame is not None:
             self._dispatch_frame(act, frame if type(frame) is dict else _frame(frame, act.node), 0, streams)
             act.yielded = 1
-            if act.extras and self.ready:
-                self._launch()
 
     # ── outbound ──
 
@@ -613,6 +668,16 @@ def _out_roots(node: NodeProgram, aid: int, roots: tuple, yidx: int) -> tuple:
     if node.diamond_root:
         out += ((node.index, aid, yidx),)  # one entry per root: the newest frame (loops)
     return out
+
+
+def _first_step(awaitable: Any) -> tuple[bool, Any]:
+    """Run an awaitable's first step by hand: (True, its result) if it finished without
+    suspending, else (False, what it waits on) for `await _Resume(awaitable, that)`."""
+    try:
+        waiting = awaitable.send(None)
+    except StopIteration as finished:
+        return True, finished.value
+    return False, waiting
 
 
 def _key(node: NodeProgram, aid: int, edge: Edge, roots: tuple, yidx: int) -> tuple:

@@ -29,7 +29,7 @@ cdef class NodeProgram:
     cdef public Py_ssize_t index
     cdef public str id, method
     cdef public object role, join, binding, timeout
-    cdef public bint interface, session, ordered, stream, diamond_root, in_cycle, feeds_stream_slots
+    cdef public bint interface, session, ordered, stream, diamond_root, in_cycle, feeds_stream_slots, generator
     cdef public tuple groups, routes, join_watchers
     cdef public frozenset carried
     cdef public list methods

@@ -101,6 +101,7 @@ class NodeProgram:
         "join",
         "join_watchers",
         "feeds_stream_slots",
+        "generator",
         "binding",
         "methods",
         "timeout",
@@ -125,6 +126,7 @@ class NodeProgram:
         self.feeds_stream_slots = False  # some out edge ends at a stream slot (closed when an activation ends)
         self.binding: Any = None  # the role's RoleBinding (set when the runtime binds its roles)
         self.methods: list[Any] = []  # the interface's bound method on each replica
+        self.generator = False  # the method is an async generator (streams its frames)
         self.timeout: float | None = None
 
     def __repr__(self) -> str:

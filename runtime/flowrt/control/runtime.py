@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import itertools
 import logging
 import sys
@@ -146,6 +147,7 @@ class Runtime:
                 if node.interface:
                     binding = node.binding = self.bindings[node.role]
                     node.methods = binding.methods(node.method)
+                    node.generator = any(inspect.isasyncgenfunction(m) for m in node.methods if m is not None)
                     node.timeout = self.roles[node.role].interfaces[node.method].timeout_s
 
     def _import_impl(self, role: RoleSpec) -> type:
