@@ -441,15 +441,20 @@ class Call:
                     async with NO_TIMEOUT if node.timeout is None else asyncio.timeout(node.timeout):
                         if type(result) is AsyncGeneratorType:
                             while True:
-                                try:
-                                    if self.ready:  # others wait for this task: see whether this step suspends
-                                        step = result.__anext__()
-                                        done, frame = _first_step(step)
-                                        if not done:
-                                            self._launch()
-                                            frame = await _Resume(step, frame)
+                                if not self.ready:
+                                    async for frame in result:
+                                        self._yielded(act, frame, streams)
+                                        if self.ready:
+                                            break
                                     else:
-                                        frame = await result.__anext__()
+                                        break  # the stream has ended
+                                # others wait for this task: step by hand to see whether it suspends
+                                step = result.__anext__()
+                                try:
+                                    done, frame = _first_step(step)
+                                    if not done:
+                                        self._launch()
+                                        frame = await _Resume(step, frame)
                                 except StopAsyncIteration:
                                     break
                                 self._yielded(act, frame, streams)
