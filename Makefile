@@ -103,7 +103,7 @@ bench: $(CORE_STAMP)
 	$(PY) bench/fuzz_bench.py
 
 ## Control-flow overhead against a hand-written floor and LangGraph (installed here only, in .venv-bench).
-## BENCH_PYTHON=python3.12 BENCH_VENV=.venv-bench-3.12 measures on the eager launch path.
+## BENCH_PYTHON=/path/to/python3.12 BENCH_VENV=.venv-bench-3.12 measures on the eager launch path.
 bench-overhead:
 	$(BENCH_PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e . langgraph
