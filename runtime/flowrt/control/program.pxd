@@ -4,7 +4,7 @@
 cdef class NodeProgram
 
 cdef class GroupProgram:
-    cdef public Py_ssize_t index, kind, size
+    cdef public Py_ssize_t index, size
     cdef public tuple fields, stream_slots, slots_by_field
     cdef public bint single
 
@@ -37,7 +37,7 @@ cdef class NodeProgram:
 cdef class GraphProgram:
     cdef public str name
     cdef public tuple nodes, entry, streams, returns, joins
-    cdef public dict by_id
+    cdef public dict by_id, _stream_index
     cdef public frozenset entry_set
     cdef public NodeProgram start
     cdef public object timeout

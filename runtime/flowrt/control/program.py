@@ -18,19 +18,15 @@ from flowrt.tables import NodeTables
 
 # what a frame does at the end of an edge
 CALLER, DIRECT, BUCKET, STREAM_SLOT, JOIN = 0, 1, 2, 3, 4
-# how a group collects its inputs
-GROUP_DIRECT, GROUP_BUCKET, GROUP_JOIN, GROUP_DEAD = 0, 1, 2, 3
-_GROUP_KINDS = {"direct": GROUP_DIRECT, "bucket": GROUP_BUCKET, "join": GROUP_JOIN, "dead": GROUP_DEAD}
 
 
 class GroupProgram:
     """One OR group of a node: its slots, and which slot indices carry each field."""
 
-    __slots__ = ("index", "kind", "size", "fields", "stream_slots", "slots_by_field", "single")
+    __slots__ = ("index", "size", "fields", "stream_slots", "slots_by_field", "single")
 
     def __init__(self, index: int, routing: str, fields: tuple[str, ...], stream_slots: tuple[bool, ...]):
         self.index = index
-        self.kind = _GROUP_KINDS[routing]
         self.size = len(fields)
         self.fields = fields  # the field of each slot
         self.stream_slots = stream_slots
@@ -39,7 +35,7 @@ class GroupProgram:
             by_field.setdefault(name, []).append(i)
         self.slots_by_field = tuple(tuple(v) for v in by_field.values())
         # one slot filled by one frame: the frame fires it at once, no bucket needed
-        self.single = self.kind == GROUP_DIRECT and self.size == 1
+        self.single = routing == "direct" and self.size == 1
 
 
 class Edge:
@@ -134,7 +130,19 @@ class NodeProgram:
 
 
 class GraphProgram:
-    __slots__ = ("name", "nodes", "by_id", "start", "entry", "entry_set", "streams", "returns", "timeout", "joins")
+    __slots__ = (
+        "name",
+        "nodes",
+        "by_id",
+        "start",
+        "entry",
+        "entry_set",
+        "streams",
+        "returns",
+        "timeout",
+        "joins",
+        "_stream_index",
+    )
 
     def __init__(self, name: str, plan: dict, tables: dict[str, NodeTables]):
         self.name = name
@@ -147,6 +155,7 @@ class GraphProgram:
         outputs = plan["outputs"]
         self.streams = tuple((o["field"], o["ordered"]) for o in outputs if o["kind"] == "stream")
         self.returns = tuple(o["field"] for o in outputs if o["kind"] == "return")
+        self._stream_index = {name: i for i, (name, _) in enumerate(self.streams)}
         self.timeout: float | None = plan.get("timeout_s")
         for node in self.nodes:
             t = tables[node.id]
@@ -178,11 +187,10 @@ class GraphProgram:
 
     def _edges(self, name: str, targets, tables: dict[str, NodeTables]) -> tuple[Edge, ...]:
         edges = []
-        streams = {field: i for i, (field, _) in enumerate(self.streams)}
         for target in targets:
             if target.node == "caller":
                 edge = Edge(CALLER, name, None, None, 0)
-                edge.stream = streams.get(name, -1)
+                edge.stream = self._stream_index.get(name, -1)
                 edge.ordered = edge.stream >= 0 and self.streams[edge.stream][1]
                 edge.returned = name in self.returns
             else:
