@@ -31,9 +31,11 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP) $(CORE_STAMP)
 
-## The compiled control core, rebuilt in place when its sources change (the install builds it too).
+## The compiled control core, rebuilt in place when its sources change (the install builds it too;
+## FRESH_CORE asks flowrt whether the extensions beside the sources were built from them).
+FRESH_CORE = -W ignore -c "import sys; from flowrt.control import native; sys.exit(not native.choose()[0])"
 $(CORE_STAMP): $(CORE_SOURCES) | $(STAMP)
-	$(PY) setup.py --quiet build_ext --inplace --parallel 2
+	$(PY) $(FRESH_CORE) || $(PY) setup.py --quiet build_ext --inplace --parallel 2
 	touch $(CORE_STAMP)
 
 core: $(CORE_STAMP)
@@ -74,7 +76,7 @@ $(EAGER_STAMP): pyproject.toml setup.py
 	touch $(EAGER_STAMP) $(EAGER_CORE_STAMP)
 
 $(EAGER_CORE_STAMP): $(CORE_SOURCES) | $(EAGER_STAMP)
-	$(EAGER_VENV)/bin/python setup.py --quiet build_ext --inplace --parallel 2
+	$(EAGER_VENV)/bin/python $(FRESH_CORE) || $(EAGER_VENV)/bin/python setup.py --quiet build_ext --inplace --parallel 2
 	touch $(EAGER_CORE_STAMP)
 
 ## The runtime, property and example suites on the eager launch path (Python 3.12+), if installed.
