@@ -465,7 +465,7 @@ class Call:
                                 frame = await _Resume(result, frame)
                             self._returned(act, frame, streams)
                         else:
-                            self._launch()  # an awaitable that cannot be stepped by hand
+                            self._launch()  # nothing waits, or an awaitable that cannot be stepped by hand
                             self._returned(act, await result, streams)
                         if act.extras:  # broadcast: the other replicas run for their side effects
                             self._launch()
@@ -498,7 +498,8 @@ class Call:
 
     def _next_ready(self) -> Activation:
         """The waiting activation to run next in this task: one whose role returns if there is
-        one (it cannot leave others waiting across its frames), else the first."""
+        one, else the first. A streaming role run while others wait is stepped by hand frame by
+        frame; run last, it usually has nothing waiting and streams through `async for`."""
         ready = self.ready
         for i in range(len(ready)):
             act = ready[i]
