@@ -40,6 +40,7 @@ cdef class Call:
     cdef public dict buckets, joins, sequencers
     cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored
     cdef public bint cancelled, ended, custom_tasks
+    cdef public str cancel_reason
 
     cpdef start(self)
     cdef Py_ssize_t _aid(self)
@@ -48,7 +49,7 @@ cdef class Call:
     @cython.locals(join=NodeProgram, sequencer=Sequencer)
     cdef _quiesce(self)
     cdef _finish(self)
-    cpdef cancel(self)
+    cpdef cancel(self, str reason=*)
     @cython.locals(bucket=Bucket, outcome=Py_ssize_t)
     cdef _arrive(self, Edge edge, tuple key, object value, tuple roots, Py_ssize_t seq)
     @cython.locals(bucket=Bucket, outcome=Py_ssize_t)

@@ -155,6 +155,7 @@ class Call:
         self.eager_depth = 0
         self.last_aid = 0
         self.cancelled = False
+        self.cancel_reason = ""  # why it was cancelled: "timeout", "client gone", "shutdown"
         self.ended = False  # the `done` event is out; every table of the call is empty
         self.end_waiters: list[asyncio.Future] | None = None
         # the caller's view: per streamed output the next SeqId due and the frames waiting for it
@@ -226,17 +227,22 @@ class Call:
         self.joins.clear()
         self.joins_done.clear()
         self.seen_unreachable.clear()
-        self._emit({"event": "done", "status": status, "errors": list(self.errors), "missing": missing})
+        done = {"event": "done", "status": status, "errors": list(self.errors), "missing": missing}
+        if self.cancelled:
+            done["reason"] = self.cancel_reason
+        self._emit(done)
         self._emit(None)
         self.ended = True
         for waiter in self.end_waiters or ():
             if not waiter.done():
                 waiter.set_result(None)
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Cancel the call's work; `reason` ("timeout", "client gone", "shutdown") goes in its `done` event."""
         if self.cancelled or self.ended:
             return
         self.cancelled = True
+        self.cancel_reason = reason
         for task in list(self.tasks):
             task.cancel()
 
@@ -474,7 +480,7 @@ class Call:
                 except TimeoutError:
                     reason = CANCEL
                     self._error(node, f"timed out after {node.timeout:g}s")
-                    self.cancel()
+                    self.cancel("timeout")
                 except asyncio.CancelledError:
                     reason = CANCEL
                 except Exception as error:  # noqa: BLE001 - a role's exception ends as unreachable(error), never a hang

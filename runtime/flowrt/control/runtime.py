@@ -124,7 +124,7 @@ class Runtime:
 
     async def close(self) -> None:
         for call in list(self.calls):
-            call.cancel()
+            call.cancel("shutdown")
             await call.wait_ended()
 
     # ── roles ──
@@ -194,7 +194,7 @@ class Runtime:
         self.calls.add(call)
         deadline = timeout if timeout is not None else program.timeout
         loop = asyncio.get_running_loop()
-        watchdog = loop.call_later(deadline, call.cancel) if deadline else None
+        watchdog = loop.call_later(deadline, call.cancel, "timeout") if deadline else None
         try:
             call.start()
             outbox = call.outbox
@@ -210,7 +210,7 @@ class Runtime:
             if watchdog is not None:
                 watchdog.cancel()
             if not call.ended:
-                call.cancel()  # the caller went away: cancel the call's work
+                call.cancel("client gone")  # the caller went away: cancel the call's work
                 await call.wait_ended()
             self.calls.discard(call)
             if not self.calls and self._idle_waiters:
