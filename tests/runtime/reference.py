@@ -13,7 +13,15 @@ bucket fires when every slot is resolved and one was received, and dies when a c
 or every slot of one field is unreachable, or nothing was received; an activation that yields nothing, fails, or a bucket
 that dies sends one absent frame on every edge; absent frames are dropped the second time the
 same (origin, node, group, slot) sees them; a join fires once, when its counts are met and every
-node its `all` fields depend on has finished, or dies when the call can do nothing else.
+node its `all` fields depend on has finished, or dies once nothing can feed it any more.
+
+Order keys (DESIGN §4.3): an entry value has the empty key; an activation has the key of the
+frame that activated it (at a bucket, the smallest key among the frames that arrived in it; a
+join's, the empty key); its frame j has that key extended by j if it streams, the same key if
+not, and (c,) if it is an `lb session` node, c counting the node's frames in the order its
+activations ran. An `lb session` node outside loops runs its activations in key order: here,
+simply, it holds them until nothing else is left to do and nothing held or open elsewhere can
+still reach it, then runs the one with the smallest key. Absent frames carry no key.
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ class Result:
     returns: dict[str, Any] = field(default_factory=dict)
     errors: int = 0
     errored_outputs: set = field(default_factory=set)
+    # session nodes whose run order (so their output keys) depends on timing: in a loop (FIFO)
+    # with two or more activations, or holding two activations with one key (arrival order)
+    untimed: set = field(default_factory=set)
 
 
 def freeze(value: Any) -> Any:
@@ -55,18 +66,31 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
     running: dict[str, int] = {n: 0 for n in nodes}
     counter = iter(range(1, 1 << 62))
     outputs = {o["field"]: o for o in g["outputs"]}
+    reach = _reach(nodes)
+    held: dict[str, list] = {}  # ordered session node -> [(key, arrival, inputs, lineage)]
+    arrivals = iter(range(1 << 62))
+    session_frames: dict[str, int] = {n: 0 for n in nodes}
+    session_runs: dict[str, list] = {}  # session node -> keys of its activations
 
-    def emit(node_id, act_id, lineage, frames, failed):
+    def frame_key(node_id, key, yidx):
+        node = nodes[node_id]
+        if node["session"]:
+            session_frames[node_id] += 1
+            return (session_frames[node_id] - 1,)
+        return key + (yidx,) if node["stream"] else key
+
+    def emit(node_id, act_id, lineage, frames, failed, key=()):
         """Send an activation's frames (or one absent frame) along every control edge."""
         control = nodes[node_id]["control"]
         phantom = not frames
         for yidx, frame in enumerate(frames or [{}]):
             frame_id = (node_id, act_id, yidx)
             line = lineage + (frame_id,)
+            order = None if phantom else frame_key(node_id, key, yidx)
             for name, targets in control.items():
                 for t in targets:
                     present = name in frame and not phantom
-                    work.append(("msg", t, name, present, frame.get(name), line, frame_id, failed if phantom else None))
+                    work.append(("msg", t, name, present, frame.get(name), line, frame_id, failed if phantom else None, order))
         for name, targets in control.items():
             for t in targets:
                 if frames and t["node"] != "caller" and t["aid_rule"] != "join" and is_stream_slot(t):
@@ -85,12 +109,21 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
                     return frame_id
         return line[-1]
 
-    def fire(node_id, group_index, inputs_, lineage):
+    def fire(node_id, group_index, inputs_, lineage, key):
+        node = nodes[node_id]
+        if node["session"] and not node["in_cycle"]:
+            held.setdefault(node_id, []).append((key, next(arrivals), inputs_, lineage))
+            return
+        run(node_id, inputs_, lineage, key)
+
+    def run(node_id, inputs_, lineage, key):
         act_id = next(counter)
         node = nodes[node_id]
         if node["kind"] != "interface":
-            emit(node_id, act_id, lineage, [dict(inputs_)], None)
+            emit(node_id, act_id, lineage, [dict(inputs_)], None, key)
             return
+        if node["session"]:
+            session_runs.setdefault(node_id, []).append(key)
         out.activations.append((node_id, tuple(sorted((k, freeze(v)) for k, v in inputs_.items()))))
         running[node_id] += 1
         try:
@@ -100,7 +133,7 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
             frames, failed = [], "error"
             out.errors += 1
         running[node_id] -= 1
-        emit(node_id, act_id, lineage, frames, failed or ("empty" if not frames else None))
+        emit(node_id, act_id, lineage, frames, failed or ("empty" if not frames else None), key)
 
     def die(node_id, lineage, reason, origin):
         act_id = next(counter)
@@ -108,7 +141,7 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
         frame_id = (node_id, act_id, 0)
         for name, targets in control.items():
             for t in targets:  # the absent frame also resolves a stream slot: nothing came
-                work.append(("msg", t, name, False, None, lineage + (frame_id,), origin, reason))
+                work.append(("msg", t, name, False, None, lineage + (frame_id,), origin, reason, None))
 
     def decide(node_id, group_index, key):
         b = buckets[(node_id, group_index, key)]
@@ -141,7 +174,7 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
         for i, s in enumerate(slots):
             if states[i][0] == "received" and s["field"] not in inputs_:
                 inputs_[s["field"]] = states[i][1]
-        fire(node_id, group_index, inputs_, b["lineage"])
+        fire(node_id, group_index, inputs_, b["lineage"], b["order"])
 
     def bucket(t, line, origin):
         node = nodes[t["node"]]
@@ -155,10 +188,16 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
                 "state": [["pending", [] if s["stream"] else None] for s in slots],
                 "lineage": line if node["groups"][t["group"]]["routing"] != "bucket" else line[: line.index(key) + 1],
                 "origin": origin,
+                "order": None,  # the smallest key that arrived
             }
         return k
 
-    def caller(name, present, value, line, reason):
+    def arrived(k, order):
+        b = buckets[k]
+        if b["order"] is None or order < b["order"]:
+            b["order"] = order
+
+    def caller(name, present, value, line, reason, order):
         spec = outputs[name]
         if reason in ("error", "cancel"):
             out.errored_outputs.add(name)
@@ -168,7 +207,7 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
             out.returns.setdefault(name, value)
         else:
             out.streams.setdefault(name, []).append(value)
-            out.stream_keys.setdefault(name, []).append((tuple(f[2] for f in line), value))
+            out.stream_keys.setdefault(name, []).append((order, value))
 
     def try_join(node_id, final):
         if node_id in joins_done:
@@ -186,7 +225,7 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
         joins_done.add(node_id)
         if complete:
             taken = {j["field"]: list(state.get(j["field"], []))[: j["threshold"]] for j in nodes[node_id]["join"]}
-            fire(node_id, 0, taken, ())
+            fire(node_id, 0, taken, (), ())
         else:
             die(node_id, (), "error" if out.errors else "empty", ("join", node_id))
         return True
@@ -202,14 +241,33 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
                 return True
         return False
 
-    fire(g["start"], 0, dict(inputs), ())
+    def pending_reaches(target):
+        """Anything held or open (session queues, buckets, joins) that can still reach `target`."""
+        sources = [n for n, queue in held.items() if queue and n != target]
+        sources += [k[0] for k in buckets]
+        sources += [n for n, node in nodes.items() if node["join"] is not None and n not in joins_done and n != target]
+        return any(target in reach[n] for n in sources)
+
+    def release_one():
+        for node_id in sorted(held):
+            queue = held[node_id]
+            if queue and not pending_reaches(node_id):
+                queue.sort(key=lambda h: (h[0], h[1]))
+                key, _, inputs_, lineage = queue.pop(0)
+                if queue and queue[0][0] == key:
+                    out.untimed.add(node_id)  # equal keys go in arrival order, which is the runtime's
+                run(node_id, inputs_, lineage, key)
+                return True
+        return False
+
+    fire(g["start"], 0, dict(inputs), (), ())
     while True:
         while work:
             item = work.popleft()
             if item[0] == "msg":
-                _, t, name, present, value, line, origin, reason = item
+                _, t, name, present, value, line, origin, reason, order = item
                 if t["node"] == "caller":
-                    caller(name, present, value, line, reason)
+                    caller(name, present, value, line, reason, order)
                     continue
                 node = nodes[t["node"]]
                 group = node["groups"][t["group"]]
@@ -222,6 +280,7 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
                     k = bucket(t, line, None)
                     if k is not None:
                         buckets[k]["state"][t["slot"]][1].append(value)
+                        arrived(k, order)
                     continue
                 if not present:
                     if stream and reason is None:
@@ -243,6 +302,7 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
                     if k is None:
                         continue
                     buckets[k]["state"][t["slot"]] = ["received", value]
+                    arrived(k, order)
                     decide(*k)
             else:
                 _, t, name, got, line, origin, failed = item
@@ -259,9 +319,32 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
             for node_id, node in nodes.items():
                 if node["join"] is not None and node_id in joins:
                     try_join(node_id, final=False)
+        if release_one():
+            continue
         pending_joins = [n for n, node in nodes.items() if node["join"] is not None and n not in joins_done]
-        if not pending_joins:
+        ready = [n for n in pending_joins if not pending_reaches(n)]
+        if not ready:
             break
-        try_join(pending_joins[0], final=True)
-    out.leftover_buckets = len(buckets)  # type: ignore[attr-defined]
+        try_join(ready[0], final=True)
+    out.leftover_buckets = len(buckets) + sum(map(len, held.values()))  # type: ignore[attr-defined]
+    for node_id, keys in session_runs.items():
+        if nodes[node_id]["in_cycle"] and len(keys) > 1:
+            out.untimed.add(node_id)
+    out.reach = reach  # type: ignore[attr-defined]
     return out
+
+
+def _reach(nodes: dict) -> dict[str, set[str]]:
+    """Every node's descendants along control edges (itself only through a loop)."""
+    succ = {n: {t["node"] for ts in node["control"].values() for t in ts if t["node"] != "caller"} for n, node in nodes.items()}
+    reach: dict[str, set[str]] = {}
+    for start in nodes:
+        seen: set[str] = set()
+        stack = list(succ[start])
+        while stack:
+            n = stack.pop()
+            if n not in seen:
+                seen.add(n)
+                stack.extend(succ[n])
+        reach[start] = seen
+    return reach

@@ -5,6 +5,9 @@ of stream), or unreachable with a reason. Each offer returns what the bucket bec
 WAITING, FIRED (every slot resolved and one received; `inputs()` gives the values) or DEAD
 (every slot of some field unreachable, a critical slot being the one-slot case, or every slot
 resolved with none received; `reason` says why).
+
+A bucket's order key (docs/runtime.md, rule 7) is the smallest key among the frames that
+arrived in it; until it closes, that is the smallest key its activation can have.
 """
 
 from __future__ import annotations
@@ -17,20 +20,22 @@ WAITING, FIRED, DEAD = 0, 1, 2
 
 
 class Bucket:
-    __slots__ = ("group", "state", "values", "reasons", "roots", "seq", "origin", "reason")
+    __slots__ = ("group", "state", "values", "reasons", "roots", "order", "closed", "origin", "reason")
 
-    def __init__(self, group: GroupProgram, roots: tuple, seq: int):
+    def __init__(self, group: GroupProgram, roots: tuple):
         self.group = group
         self.state = [PENDING] * group.size
         self.values: list = [[] if stream else None for stream in group.stream_slots]
         self.reasons: list = [None] * group.size
-        # the key's first signal decides the roots and SeqId the activation inherits
-        self.roots = roots
-        self.seq = seq
+        self.roots = roots  # the key's first signal decides the roots the activation inherits
+        self.order: tuple | None = None  # the smallest order key that arrived
+        self.closed = False
         self.origin: tuple | None = None  # where the first unreachability came from
         self.reason: Reason | None = None  # why it died
 
-    def arrived(self, slot: int, value: object) -> int:
+    def arrived(self, slot: int, value: object, order: tuple) -> int:
+        if self.order is None or order < self.order:
+            self.order = order
         if self.group.stream_slots[slot]:
             self.values[slot].append(value)
             return WAITING  # a stream slot resolves at its end of stream
@@ -69,6 +74,10 @@ class Bucket:
             self.reason = Reason.worst(self.reasons)
             return DEAD
         return FIRED
+
+    def order_bound(self) -> tuple | None:
+        """The smallest order key the activation of this bucket can have (None once closed)."""
+        return None if self.closed else self.order
 
     def inputs(self) -> dict[str, object]:
         """A fired bucket's values: per field, the first of its slots that received one."""

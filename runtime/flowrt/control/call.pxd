@@ -3,20 +3,23 @@
 cimport cython
 
 from flowrt.control.bucket cimport Bucket
-from flowrt.control.program cimport Edge, GraphProgram, GroupProgram, JoinField, NodeProgram, Route
+from flowrt.control.program cimport Edge, GraphProgram, GroupProgram, JoinField, NodeProgram, OrderConsumer, Route
 from flowrt.control.roles cimport RoleBinding
 from flowrt.control.sequencer cimport Sequencer
 
-cdef Py_ssize_t CALLER, DIRECT, JOIN, STREAM_SLOT, WAITING, FIRED
+cdef Py_ssize_t CALLER, DIRECT, JOIN, STREAM_SLOT, WAITING, FIRED, ORDERED_STREAM
 cdef object EMPTY, ERROR, CANCEL
 cdef _Done DONE
 cdef _NoTimeout NO_TIMEOUT
 
 cdef class Activation:
     cdef public NodeProgram node
-    cdef public Py_ssize_t group, aid, seq, replica, yielded
+    cdef public Py_ssize_t group, aid, replica, yielded
     cdef public dict inputs
-    cdef public tuple roots, extras
+    cdef public tuple roots, extras, order
+    cdef public bint finished
+
+    cpdef object order_bound(self)
 
 cdef class _Done:
     pass
@@ -35,43 +38,47 @@ cdef class Call:
     cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop
     cdef public GraphProgram program
     cdef public str graph
-    cdef public Py_ssize_t call_id, in_flight, running, eager_depth, last_aid
-    cdef public list errors, open_buckets, running_by_node, session_counters, ready, expected, buffers
+    cdef public Py_ssize_t call_id, in_flight, running, eager_depth, last_aid, tickets
+    cdef public list errors, open_buckets, running_by_node, session_counters, ready, stream_held, order_heaps, alive
     cdef public dict buckets, joins, sequencers
-    cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored
+    cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored, order_waiting
     cdef public bint cancelled, ended, custom_tasks
     cdef public str cancel_reason
 
     cpdef start(self)
     cdef Py_ssize_t _aid(self)
+    cdef Py_ssize_t _ticket(self)
+    @cython.locals(join=NodeProgram, sequencer=Sequencer, reset=Py_ssize_t)
+    cdef _activation_done(self, NodeProgram node, Activation act)
     @cython.locals(join=NodeProgram)
-    cdef _activation_done(self, NodeProgram node, Py_ssize_t group, Py_ssize_t seq, bint ran)
-    @cython.locals(join=NodeProgram, sequencer=Sequencer)
     cdef _quiesce(self)
+    @cython.locals(running=list, buckets=list, nodes=tuple, index=Py_ssize_t, upstream=NodeProgram)
+    cdef bint _fed(self, NodeProgram join) except -1
+    cdef _unblock(self)
     cdef _finish(self)
     cpdef cancel(self, str reason=*)
-    @cython.locals(bucket=Bucket, outcome=Py_ssize_t)
-    cdef _arrive(self, Edge edge, tuple key, object value, tuple roots, Py_ssize_t seq)
+    @cython.locals(bucket=Bucket, outcome=Py_ssize_t, consumer=OrderConsumer)
+    cdef _arrive(self, Edge edge, tuple key, object value, tuple roots, tuple order)
     @cython.locals(bucket=Bucket, outcome=Py_ssize_t)
     cdef _end(self, Edge edge, tuple key)
     @cython.locals(kind=Py_ssize_t, node=NodeProgram, group=GroupProgram, bucket=Bucket, outcome=Py_ssize_t)
-    cdef _unreachable(self, Edge edge, tuple key, tuple roots, Py_ssize_t seq, object reason, object origin)
-    @cython.locals(bucket=Bucket)
-    cdef Bucket _bucket(self, Edge edge, tuple bucket_key, tuple roots, Py_ssize_t seq)
-    @cython.locals(node=NodeProgram)
+    cdef _unreachable(self, Edge edge, tuple key, tuple roots, object reason, object origin)
+    @cython.locals(bucket=Bucket, node=NodeProgram, reset=Py_ssize_t)
+    cdef Bucket _bucket(self, Edge edge, tuple bucket_key, tuple roots)
+    @cython.locals(node=NodeProgram, reset=Py_ssize_t)
     cdef _close_bucket(self, Edge edge, tuple bucket_key, Bucket bucket, Py_ssize_t outcome)
     @cython.locals(aid=Py_ssize_t)
-    cdef _dead(self, NodeProgram node, Py_ssize_t group, tuple roots, Py_ssize_t seq, object reason, object origin)
+    cdef _dead(self, NodeProgram node, tuple roots, object reason, object origin)
     @cython.locals(state=JoinState)
     cdef _join_arrived(self, NodeProgram node, str name, object value)
     @cython.locals(state=JoinState, j=JoinField)
     cdef bint _try_join(self, NodeProgram node, bint final) except -1
+    @cython.locals(reset=Py_ssize_t)
+    cdef _join_resolved(self, NodeProgram node)
     @cython.locals(join=JoinField, running=list, buckets=list)
     cdef bint _all_fields_ended(self, NodeProgram node) except -1
-    @cython.locals(node=NodeProgram)
+    @cython.locals(node=NodeProgram, sequencer=Sequencer, consumer=OrderConsumer, reset=Py_ssize_t)
     cdef _schedule(self, Activation act)
-    @cython.locals(sequencer=Sequencer)
-    cdef Sequencer _sequencer(self, NodeProgram node)
     cdef _spawn(self, object act)
     cdef _launch(self)
     @cython.locals(ready=list, act=Activation)
@@ -85,20 +92,25 @@ cdef class Call:
     cdef _yielded(self, Activation act, object frame, dict streams)
     cdef _returned(self, Activation act, object frame, dict streams)
     @cython.locals(out=Py_ssize_t)
-    cdef Py_ssize_t _out_seq(self, NodeProgram node, Py_ssize_t seq, Py_ssize_t yidx) except? -1
-    @cython.locals(node=NodeProgram, route=Route, edge=Edge, kind=Py_ssize_t, seq=Py_ssize_t, key=tuple, roots=tuple, opened=tuple)
+    cdef tuple _out_order(self, NodeProgram node, tuple order, Py_ssize_t yidx)
+    @cython.locals(node=NodeProgram, route=Route, edge=Edge, kind=Py_ssize_t, order=tuple, key=tuple, roots=tuple, opened=tuple)
     cdef _dispatch_frame(self, Activation act, dict frame, Py_ssize_t yidx, dict streams)
-    @cython.locals(route=Route, edge=Edge, out_seq=Py_ssize_t, out_roots=tuple)
-    cdef _dispatch_phantom(self, NodeProgram node, Py_ssize_t aid, tuple roots, Py_ssize_t seq, object reason, tuple origin)
-    @cython.locals(edge=Edge, key=tuple, roots=tuple, seq=Py_ssize_t)
+    @cython.locals(route=Route, edge=Edge, out_roots=tuple)
+    cdef _dispatch_phantom(self, NodeProgram node, Py_ssize_t aid, tuple roots, object reason, tuple origin)
+    @cython.locals(edge=Edge, key=tuple, roots=tuple)
     cdef _end_streams(self, Activation act, dict streams, object reason)
     cdef _emit(self, object event)
-    @cython.locals(stream=Py_ssize_t)
-    cdef _caller_arrived(self, Edge edge, object value, Py_ssize_t seq)
-    cdef _caller_missed(self, Edge edge, object reason, Py_ssize_t seq)
-    cdef _buffer(self, Py_ssize_t stream, Py_ssize_t seq, bint arrived, object value)
-    @cython.locals(expected=Py_ssize_t, buffer=dict)
-    cdef _flush_stream(self, Py_ssize_t stream, bint final)
+    @cython.locals(stream=Py_ssize_t, consumer=OrderConsumer, held=list)
+    cdef _caller_arrived(self, Edge edge, object value, tuple order)
+    @cython.locals(done=set, counters=list, resets=tuple, reset=Py_ssize_t, heap=list, entry=tuple)
+    cdef object _lower_bound(self, OrderConsumer consumer)
+    @cython.locals(consumer=OrderConsumer)
+    cdef _reorder(self)
+    cdef _hold(self, OrderConsumer consumer, list held, tuple order, object value)
+    @cython.locals(held=list)
+    cdef _release_stream(self, OrderConsumer consumer)
+    @cython.locals(sequencer=Sequencer)
+    cdef _release_session(self, OrderConsumer consumer)
 
 cdef tuple _first_step(object awaitable)
 cdef tuple _out_roots(NodeProgram node, Py_ssize_t aid, tuple roots, Py_ssize_t yidx)

@@ -12,6 +12,11 @@ call ends when its in-flight count reaches zero; then every table of the call is
 
 Signals are not objects: ARRIVED, SLOT_EOS and UNREACHABLE are the methods `_arrive`, `_end`
 and `_unreachable`, taking the edge, the key and what the signal carries.
+
+Order (docs/runtime.md, rule 7): every present frame carries an order key, a tuple that gains
+one level per streaming hop. Ordered streams and ordered session nodes hold what arrives early
+and let it through once no work in flight can still send them a smaller key (`_lower_bound`,
+over the work the plan says can reach them: program.OrderConsumer); nothing is ever dropped.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ import asyncio
 import logging
 import sys
 from collections import deque
+from heapq import heappop, heappush, heapreplace
 from types import AsyncGeneratorType, CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from flowrt.control import bucket as _bucket
 from flowrt.control import program as _program
 from flowrt.control.bucket import Bucket
-from flowrt.control.program import Edge, GraphProgram, NodeProgram
+from flowrt.control.program import Edge, GraphProgram, NodeProgram, OrderConsumer
 from flowrt.control.roles import RoleBinding
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Reason
@@ -42,23 +48,34 @@ EAGER_TASKS = sys.version_info >= (3, 12)
 MAX_EAGER_DEPTH = 16
 # what the hot path compares with (the compiled core holds them as C values: call.pxd)
 CALLER, DIRECT, JOIN, STREAM_SLOT = _program.CALLER, _program.DIRECT, _program.JOIN, _program.STREAM_SLOT
+ORDERED_STREAM = _program.ORDERED_STREAM
 WAITING, FIRED = _bucket.WAITING, _bucket.FIRED
 EMPTY, ERROR, CANCEL = Reason.EMPTY, Reason.ERROR, Reason.CANCEL
 
 
 class Activation:
-    __slots__ = ("node", "group", "aid", "inputs", "roots", "seq", "replica", "extras", "yielded")
+    __slots__ = ("node", "group", "aid", "inputs", "roots", "order", "replica", "extras", "yielded", "finished")
 
-    def __init__(self, node: NodeProgram, group: int, aid: int, inputs: dict, roots: tuple, seq: int):
+    def __init__(self, node: NodeProgram, group: int, aid: int, inputs: dict, roots: tuple, order: tuple):
         self.node = node
         self.group = group
         self.aid = aid
         self.inputs = inputs
         self.roots = roots  # diamond-root entries (root index, aid, yield index), outermost first
-        self.seq = seq
+        self.order = order  # the order key of the frame(s) that activated it
         self.replica = -1  # the replica it runs on, once started
         self.extras: tuple = ()  # lb broadcast: the other replicas' runs
         self.yielded = 0  # frames produced so far
+        self.finished = False
+
+    def order_bound(self) -> tuple | None:
+        """The smallest order key its frames still to come can have (None: no more frames).
+        Only asked of activations of nodes that keep or extend keys (not `lb session` nodes)."""
+        if self.finished:
+            return None
+        if self.node.stream:
+            return self.order + (self.yielded,)
+        return None if self.yielded else self.order
 
 
 class _Done:
@@ -158,9 +175,14 @@ class Call:
         self.cancel_reason = ""  # why it was cancelled: "timeout", "client gone", "shutdown"
         self.ended = False  # the `done` event is out; every table of the call is empty
         self.end_waiters: list[asyncio.Future] | None = None
-        # the caller's view: per streamed output the next SeqId due and the frames waiting for it
-        self.expected = [0] * len(program.streams)
-        self.buffers: list[dict | None] = [None] * len(program.streams)
+        # order: per ordered stream, the frames that came early (a heap by key); per order
+        # consumer, its work in flight (a heap by order bound, refreshed lazily); per session
+        # node some consumer's keys restart at, how much work that can reach it is alive
+        self.stream_held: list[list] = [[] for _ in program.streams]
+        self.order_heaps: list[list] = [[] for _ in program.consumers]
+        self.order_waiting: set[OrderConsumer] = set()  # consumers holding frames or activations
+        self.alive = [0] * len(program.resets)
+        self.tickets = 0  # tie-breaks in the heaps: equal keys go in arrival order
         self.returned: set[str] = set()
         self.errored: set[str] = set()
 
@@ -168,40 +190,76 @@ class Call:
 
     def start(self) -> None:
         self.in_flight += 1
-        act = Activation(self.program.start, 0, self._aid(), self.inputs, (), 0)
+        for join in self.program.joins:  # a join not yet resolved is work that can reach what it feeds
+            for reset in join.reset_counters:
+                self.alive[reset] += 1
+        act = Activation(self.program.start, 0, self._aid(), self.inputs, (), ())
         self._dispatch_frame(act, self.inputs, 0, None)  # frames are only read: the caller's copy will do
-        self._activation_done(act.node, 0, 0, False)
+        self._activation_done(act.node, None)
         self._launch()
 
     def _aid(self) -> int:
         self.last_aid += 1
         return self.last_aid
 
-    def _activation_done(self, node: NodeProgram, group: int, seq: int, ran: bool) -> None:
-        """An activation of `node` for `group` and `seq` ended (`ran`), or its group died."""
+    def _ticket(self) -> int:
+        self.tickets += 1
+        return self.tickets
+
+    def _activation_done(self, node: NodeProgram, act: Activation | None) -> None:
+        """An activation of `node` ended, or (`act` None) a group of it died or it ran inline."""
         self.in_flight -= 1
-        if node.session:  # a group may die before the node's first activation is scheduled
-            self._spawn(self._sequencer(node).settle(seq, group, ran))
+        if act is not None:
+            act.finished = True
+            for reset in node.reset_counters:
+                self.alive[reset] -= 1
+            if node.session:
+                sequencer = self.sequencers[node.index]
+                sequencer.finished()
+                if not node.ordered:
+                    self._spawn(sequencer.release(None))
         for join in node.join_watchers:
             if join.index in self.joins:
                 self._try_join(join, False)
+        if self.order_waiting:
+            self._reorder()
         if self.running == 0:
             self._quiesce()
 
     def _quiesce(self) -> None:
-        """Nothing is running: release a stalled session queue, settle joins, or finish the call."""
-        if self.in_flight > 0:
-            for sequencer in self.sequencers.values():
-                act = sequencer.release_stalled()
-                if act is not None:
-                    self._spawn(act)
-                    return
-            return
+        """Nothing is running: resolve a join nothing can feed any more, or finish the call."""
         for join in self.program.joins:
-            if join.index not in self.joins_done and self._try_join(join, True):
+            if join.index not in self.joins_done and not self._fed(join) and self._try_join(join, True):
                 return
-        if self.in_flight == 0 and self.running == 0:
+        if self.in_flight == 0:
             self._finish()
+        elif self.running == 0:
+            self._unblock()
+
+    def _fed(self, join: NodeProgram) -> bool:
+        """Whether work in flight (an activation, an open bucket, a join) can still feed `join`."""
+        running = self.running_by_node
+        buckets = self.open_buckets
+        nodes = self.program.nodes
+        for index in join.ancestors:
+            if running[index] or buckets[index]:
+                return True
+            upstream: NodeProgram = nodes[index]
+            if upstream.join is not None and index not in self.joins_done:
+                return True
+        return False
+
+    def _unblock(self) -> None:
+        """Session queues hold activations while nothing runs and no join can resolve. The
+        order bounds make this impossible (the held work that nothing else can reach may always
+        go); should it happen anyway, a hang is the worst outcome: release the smallest."""
+        held = [s for s in self.sequencers.values() if s.waiting() and not s.busy]
+        if not held:
+            log.error("call %s: %d activations in flight but none running or held (a flowrt bug)", self.call_id, self.in_flight)
+            return
+        sequencer = min(held, key=lambda s: s.held[0][:2] if s.held else ((), 0))
+        log.error("call %s: the session queues are blocked; releasing one out of order (a flowrt bug)", self.call_id)
+        self._spawn(sequencer.release(None))
 
     async def wait_ended(self) -> None:
         """Return once the call has ended."""
@@ -215,9 +273,9 @@ class Call:
     def _finish(self) -> None:
         if self.ended:
             return
-        for index, buffer in enumerate(self.buffers):
-            if buffer is not None:
-                self._flush_stream(index, True)
+        for stream, held in enumerate(self.stream_held):
+            while held:  # nothing is in flight: whatever came early goes, in key order
+                self._emit({"event": "stream", "field": self.program.streams[stream][0], "value": heappop(held)[2]})
         missing = [f for f in self.program.returns if f not in self.returned]
         errored_outputs = self.errored | ({*missing} if self.errors else set())
         status = "cancelled" if self.cancelled else ("error" if self.errors and errored_outputs else "ok")
@@ -227,6 +285,9 @@ class Call:
         self.joins.clear()
         self.joins_done.clear()
         self.seen_unreachable.clear()
+        self.order_waiting.clear()
+        for heap in self.order_heaps:
+            heap.clear()
         done = {"event": "done", "status": status, "errors": list(self.errors), "missing": missing}
         if self.cancelled:
             done["reason"] = self.cancel_reason
@@ -248,13 +309,17 @@ class Call:
 
     # ── inbound: the three signals ──
 
-    def _arrive(self, edge: Edge, key: tuple, value: Any, roots: tuple, seq: int) -> None:
+    def _arrive(self, edge: Edge, key: tuple, value: Any, roots: tuple, order: tuple) -> None:
         """ARRIVED at a bucket or stream slot."""
         bucket_key = (edge.node.index, edge.group.index, key)
-        bucket = self._bucket(edge, bucket_key, roots, seq)
+        bucket = self._bucket(edge, bucket_key, roots)
         if bucket is None:
             return
-        outcome = bucket.arrived(edge.slot, value)
+        before = bucket.order
+        outcome = bucket.arrived(edge.slot, value, order)
+        if bucket.order is not before:  # its activation's key can now be this small
+            for consumer in edge.node.order_feeds:
+                heappush(self.order_heaps[consumer.index], (bucket.order, self._ticket(), bucket))
         if outcome != WAITING:
             self._close_bucket(edge, bucket_key, bucket, outcome)
 
@@ -268,10 +333,11 @@ class Call:
         if outcome != WAITING:
             self._close_bucket(edge, bucket_key, bucket, outcome)
 
-    def _unreachable(self, edge: Edge, key: tuple, roots: tuple, seq: int, reason: Reason, origin: tuple | None) -> None:
+    def _unreachable(self, edge: Edge, key: tuple, roots: tuple, reason: Reason, origin: tuple | None) -> None:
         kind = edge.kind
         if kind == CALLER:
-            self._caller_missed(edge, reason, seq)
+            if reason is ERROR or reason is CANCEL:
+                self.errored.add(edge.field)
             return
         if kind == JOIN:
             return  # a join counts arrivals only; `all` fields end with their upstream
@@ -284,41 +350,47 @@ class Call:
             self.seen_unreachable.add(dedup)
         if kind == DIRECT:
             # one slot filled by one frame: the bucket would die on this very signal
-            self._dead(node, group.index, roots, seq, reason, origin)
+            self._dead(node, roots, reason, origin)
             return
         bucket_key = (node.index, group.index, key)
-        bucket = self._bucket(edge, bucket_key, roots, seq)
+        bucket = self._bucket(edge, bucket_key, roots)
         if bucket is None:
             return
         outcome = bucket.unreachable(edge.slot, reason, origin)
         if outcome != WAITING:
             self._close_bucket(edge, bucket_key, bucket, outcome)
 
-    def _bucket(self, edge: Edge, bucket_key: tuple, roots: tuple, seq: int) -> Bucket | None:
+    def _bucket(self, edge: Edge, bucket_key: tuple, roots: tuple) -> Bucket | None:
         """The open bucket of `bucket_key`, opened by this signal if need be; None once it fired
         or died (a critical slot can end it early), so late signals are dropped."""
         bucket = self.buckets.get(bucket_key)
         if bucket is None and bucket_key not in self.resolved:
-            bucket = self.buckets[bucket_key] = Bucket(edge.group, roots, seq)
-            self.open_buckets[edge.node.index] += 1
+            node = edge.node
+            bucket = self.buckets[bucket_key] = Bucket(edge.group, roots)
+            self.open_buckets[node.index] += 1
+            for reset in node.reset_counters:
+                self.alive[reset] += 1
         return bucket
 
     def _close_bucket(self, edge: Edge, bucket_key: tuple, bucket: Bucket, outcome: int) -> None:
         del self.buckets[bucket_key]
         self.resolved.add(bucket_key)
+        bucket.closed = True
         node = edge.node
         self.open_buckets[node.index] -= 1
+        for reset in node.reset_counters:
+            self.alive[reset] -= 1
         if outcome == FIRED:
-            self._schedule(Activation(node, edge.group.index, self._aid(), bucket.inputs(), bucket.roots, bucket.seq))
+            self._schedule(Activation(node, edge.group.index, self._aid(), bucket.inputs(), bucket.roots, bucket.order))
         else:
-            self._dead(node, edge.group.index, bucket.roots, bucket.seq, bucket.reason or EMPTY, bucket.origin)
+            self._dead(node, bucket.roots, bucket.reason or EMPTY, bucket.origin)
 
-    def _dead(self, node: NodeProgram, group: int, roots: tuple, seq: int, reason: Reason, origin: tuple | None) -> None:
+    def _dead(self, node: NodeProgram, roots: tuple, reason: Reason, origin: tuple | None) -> None:
         """A group that will not fire for this key: its activation becomes a phantom."""
         self.in_flight += 1
         aid = self._aid()
-        self._dispatch_phantom(node, aid, roots, seq, reason, origin or (node.index, aid))
-        self._activation_done(node, group, seq, False)
+        self._dispatch_phantom(node, aid, roots, reason, origin or (node.index, aid))
+        self._activation_done(node, None)
 
     # ── joins ──
 
@@ -347,16 +419,21 @@ class Call:
         if not complete:
             if final:
                 del self.joins[node.index]
-                self.joins_done.add(node.index)
-                self._dead(node, 0, (), 0, ERROR if self.errors else EMPTY, None)
+                self._join_resolved(node)
+                self._dead(node, (), ERROR if self.errors else EMPTY, None)
                 return True
             return False
         state.fired = True
-        self.joins_done.add(node.index)
+        self._join_resolved(node)
         # a counted field passes exactly its first N frames; `all` passes every frame
         inputs = {j.field: list(state.values.get(j.field, ()))[: j.threshold] for j in node.join or ()}
-        self._schedule(Activation(node, 0, self._aid(), inputs, (), 0))
+        self._schedule(Activation(node, 0, self._aid(), inputs, (), ()))  # one per call: the empty key
         return True
+
+    def _join_resolved(self, node: NodeProgram) -> None:
+        self.joins_done.add(node.index)
+        for reset in node.reset_counters:
+            self.alive[reset] -= 1
 
     def _all_fields_ended(self, node: NodeProgram) -> bool:
         running = self.running_by_node
@@ -377,19 +454,24 @@ class Call:
         if not node.interface:
             self._dispatch_frame(act, act.inputs, 0, None)
             self.running_by_node[node.index] -= 1
-            self._activation_done(node, act.group, act.seq, True)
+            self._activation_done(node, None)
             return
-        if node.session:
-            self._spawn(self._sequencer(node).ready(act.seq, act))
-        else:
+        for reset in node.reset_counters:
+            self.alive[reset] += 1
+        for consumer in node.order_feeds:
+            heappush(self.order_heaps[consumer.index], (act.order_bound(), self._ticket(), act))
+        if not node.session:
             self._spawn(act)
-
-    def _sequencer(self, node: NodeProgram) -> Sequencer:
-        """The session queue of `node` in this call, created when first needed."""
+            return
         sequencer = self.sequencers.get(node.index)
         if sequencer is None:
-            sequencer = self.sequencers[node.index] = Sequencer(len(node.groups), node.ordered)
-        return sequencer
+            sequencer = self.sequencers[node.index] = Sequencer(node.ordered)
+        sequencer.hold(act, act.order, self._ticket())
+        if node.ordered:
+            self.order_waiting.add(node.consumer)
+            self._release_session(node.consumer)
+        else:
+            self._spawn(sequencer.release(None))
 
     def _spawn(self, act: Activation | None) -> None:
         if act is not None:
@@ -490,12 +572,12 @@ class Call:
                 finally:
                     self._finished(act)
                     if act.yielded == 0:
-                        self._dispatch_phantom(node, act.aid, act.roots, act.seq, reason or EMPTY, (node.index, act.aid))
+                        self._dispatch_phantom(node, act.aid, act.roots, reason or EMPTY, (node.index, act.aid))
                     if streams:
                         self._end_streams(act, streams, reason)
                     self.running_by_node[node.index] -= 1
                     self.running -= 1
-                    self._activation_done(node, act.group, act.seq, True)
+                    self._activation_done(node, act)
                 if not self.ready:
                     return
                 act = self._next_ready()
@@ -533,6 +615,8 @@ class Call:
             frame = _frame(frame, act.node)
         self._dispatch_frame(act, frame, act.yielded, streams)
         act.yielded += 1
+        if self.order_waiting:  # its next frame's key is larger: what waited for this one may go
+            self._reorder()
 
     def _returned(self, act: Activation, frame: Any, streams: dict | None) -> None:
         """The role returned: dispatch its frame (None is none)."""
@@ -542,18 +626,18 @@ class Call:
 
     # ── outbound ──
 
-    def _out_seq(self, node: NodeProgram, seq: int, yidx: int) -> int:
-        """The SeqId of frame `yidx` of an activation of `node` that came with `seq`."""
+    def _out_order(self, node: NodeProgram, order: tuple, yidx: int) -> tuple:
+        """The order key of frame `yidx` of an activation of `node` whose own key is `order`."""
         if node.session:  # session nodes re-number their frames 0, 1, ... per call
             out = self.session_counters[node.index]
             self.session_counters[node.index] = out + 1
-            return out
-        return yidx if node.stream else seq
+            return (out,)
+        return order + (yidx,) if node.stream else order
 
     def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
         node = act.node
         roots = _out_roots(node, act.aid, act.roots, yidx) if node.diamond_root or (act.roots and node.carried) else ()
-        seq = self._out_seq(node, act.seq, yidx)
+        order = self._out_order(node, act.order, yidx)
         for route in node.routes:
             name = route.field
             if name in frame:
@@ -561,44 +645,44 @@ class Call:
                 for edge in route.edges:
                     kind = edge.kind
                     if kind == CALLER:
-                        self._caller_arrived(edge, value, seq)
+                        self._caller_arrived(edge, value, order)
                     elif kind == DIRECT:
-                        self._schedule(Activation(edge.node, edge.group.index, self._aid(), {name: value}, roots, seq))
+                        self._schedule(Activation(edge.node, edge.group.index, self._aid(), {name: value}, roots, order))
                     elif kind == JOIN:
                         self._join_arrived(edge.node, name, value)
                     else:
                         key = _key(node, act.aid, edge, roots, yidx)
-                        self._arrive(edge, key, value, roots, seq)
+                        self._arrive(edge, key, value, roots, order)
                         if kind == STREAM_SLOT and streams is not None:
                             opened = streams.get((edge, key))
                             if opened is None or not opened[0]:
-                                streams[(edge, key)] = (True, roots, seq)
+                                streams[(edge, key)] = (True, roots)
             else:
                 for edge in route.absent:
                     key = _key(node, act.aid, edge, roots, yidx)
                     if edge.kind == STREAM_SLOT:
                         if streams is not None and (edge, key) not in streams:
-                            streams[(edge, key)] = (False, roots, seq)
+                            streams[(edge, key)] = (False, roots)
                     else:
-                        self._unreachable(edge, key, roots, seq, EMPTY, (node.index, act.aid, yidx))
+                        self._unreachable(edge, key, roots, EMPTY, (node.index, act.aid, yidx))
 
-    def _dispatch_phantom(self, node: NodeProgram, aid: int, roots: tuple, seq: int, reason: Reason, origin: tuple) -> None:
-        """An activation (or group) that produced nothing: every edge learns it is unreachable."""
+    def _dispatch_phantom(self, node: NodeProgram, aid: int, roots: tuple, reason: Reason, origin: tuple) -> None:
+        """An activation (or group) that produced nothing: every edge learns it is unreachable.
+        Absent frames have no order key: nothing waits for them (rule 7)."""
         out_roots = _out_roots(node, aid, roots, 0)
-        out_seq = self._out_seq(node, seq, 0)
         for route in node.routes:
             for edge in route.absent:
-                self._unreachable(edge, _key(node, aid, edge, out_roots, 0), out_roots, out_seq, reason, origin)
+                self._unreachable(edge, _key(node, aid, edge, out_roots, 0), out_roots, reason, origin)
 
     def _end_streams(self, act: Activation, streams: dict, reason: Reason | None) -> None:
         """The activation ended: close every stream slot its frames used, as an end of stream
-        if it delivered and did not fail, else as unreachable. The signal carries the roots and
-        SeqId of the frames that used the slot: it may be the first its bucket sees."""
-        for (edge, key), (delivered, roots, seq) in streams.items():
+        if it delivered and did not fail, else as unreachable. The signal carries the roots of
+        the frames that used the slot: it may be the first its bucket sees."""
+        for (edge, key), (delivered, roots) in streams.items():
             if delivered and reason is None:
                 self._end(edge, key)
             else:
-                self._unreachable(edge, key, roots, seq, reason or EMPTY, (act.node.index, act.aid))
+                self._unreachable(edge, key, roots, reason or EMPTY, (act.node.index, act.aid))
 
     # ── the caller ──
 
@@ -610,50 +694,90 @@ class Call:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _caller_arrived(self, edge: Edge, value: Any, seq: int) -> None:
+    def _caller_arrived(self, edge: Edge, value: Any, order: tuple) -> None:
         stream = edge.stream
         if stream >= 0:
             if not edge.ordered:
                 self._emit({"event": "stream", "field": edge.field, "value": value})
-            elif seq == self.expected[stream] and self.buffers[stream] is None:
-                self.expected[stream] = seq + 1  # the next frame in order: nothing to buffer
-                self._emit({"event": "stream", "field": edge.field, "value": value})
             else:
-                self._buffer(stream, seq, True, value)
+                consumer = self.program.stream_consumers[stream]
+                held = self.stream_held[stream]
+                if held:
+                    self._hold(consumer, held, order, value)
+                else:  # usually the frame is next: nothing in flight can bring a smaller key
+                    bound = self._lower_bound(consumer)
+                    if bound is None or order <= bound:
+                        self._emit({"event": "stream", "field": edge.field, "value": value})
+                    else:
+                        self._hold(consumer, held, order, value)
         if edge.returned and edge.field not in self.returned:
             self.returned.add(edge.field)
             self._emit({"event": "return", "field": edge.field, "value": value})
 
-    def _caller_missed(self, edge: Edge, reason: Reason, seq: int) -> None:
-        if reason is ERROR or reason is CANCEL:
-            self.errored.add(edge.field)
-        if edge.ordered:
-            self._buffer(edge.stream, seq, False, None)
+    # ── order ──
 
-    def _buffer(self, stream: int, seq: int, arrived: bool, value: Any) -> None:
-        buffer = self.buffers[stream]
-        if buffer is None:
-            buffer = self.buffers[stream] = {}
-        buffer[seq] = (arrived, value)
-        self._flush_stream(stream, False)
+    def _lower_bound(self, consumer: OrderConsumer) -> tuple | None:
+        """The smallest order key a frame can still reach `consumer` with; None if none can.
 
-    def _flush_stream(self, stream: int, final: bool) -> None:
-        buffer = self.buffers[stream]
-        assert buffer is not None
-        name = self.program.streams[stream][0]
-        expected = self.expected[stream]
-        while buffer:
-            if expected not in buffer:
-                if not final:
-                    break
-                expected = min(buffer)
-            arrived, value = buffer.pop(expected)
-            if arrived:
-                self._emit({"event": "stream", "field": name, "value": value})
-            expected += 1
-        self.expected[stream] = expected
-        if not buffer:
-            self.buffers[stream] = None
+        A join not yet resolved can (its activation has the empty key); so can a session node
+        some alive work can reach (its next output counter), and the activations and open
+        buckets of the nodes that keep or extend keys on the way (their `order_bound`, kept in
+        a heap refreshed lazily: a bound only grows, but an entry may be stale)."""
+        done = self.joins_done
+        for join in consumer.join_resets:
+            if join not in done:
+                return ()
+        bound = None
+        counters = self.session_counters
+        resets = self.program.resets
+        for reset in consumer.session_resets:
+            if self.alive[reset]:
+                key = (counters[resets[reset]],)
+                if bound is None or key < bound:
+                    bound = key
+        heap = self.order_heaps[consumer.index]
+        while heap:
+            entry = heap[0]
+            unit = entry[2]
+            current = unit.order_bound()
+            if current is None:
+                heappop(heap)
+            elif current != entry[0]:
+                heapreplace(heap, (current, self._ticket(), unit))
+            else:
+                if bound is None or current < bound:
+                    bound = current
+                break
+        return bound
+
+    def _reorder(self) -> None:
+        """Let through whatever waits for order and may go now."""
+        for consumer in list(self.order_waiting):
+            if consumer.kind == ORDERED_STREAM:
+                self._release_stream(consumer)
+            else:
+                self._release_session(consumer)
+
+    def _hold(self, consumer: OrderConsumer, held: list, order: tuple, value: Any) -> None:
+        heappush(held, (order, self._ticket(), value))
+        self.order_waiting.add(consumer)
+        self._release_stream(consumer)
+
+    def _release_stream(self, consumer: OrderConsumer) -> None:
+        held = self.stream_held[consumer.target]
+        bound = self._lower_bound(consumer)
+        name = self.program.streams[consumer.target][0]
+        while held and (bound is None or held[0][0] <= bound):
+            self._emit({"event": "stream", "field": name, "value": heappop(held)[2]})
+        if not held:
+            self.order_waiting.discard(consumer)
+
+    def _release_session(self, consumer: OrderConsumer) -> None:
+        sequencer = self.sequencers[consumer.target]
+        if not sequencer.busy:
+            self._spawn(sequencer.release(self._lower_bound(consumer)))
+        if not sequencer.held:
+            self.order_waiting.discard(consumer)
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -666,7 +790,7 @@ class Call:
             "in_flight": self.in_flight,
             "running": self.running,
             "unreachable_dedup": len(self.seen_unreachable),
-            "stream_buffers": sum(1 for b in self.buffers if b is not None),
+            "held_for_order": sum(map(len, self.stream_held)) + sum(s.waiting() for s in self.sequencers.values()),
             "undelivered_events": len(self.outbox),
         }
 

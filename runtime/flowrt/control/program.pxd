@@ -25,18 +25,24 @@ cdef class JoinField:
     cdef public object threshold
     cdef public tuple upstream
 
+cdef class OrderConsumer:
+    cdef public Py_ssize_t index, kind, target
+    cdef public frozenset heap_nodes
+    cdef public tuple session_resets, join_resets
+
 cdef class NodeProgram:
     cdef public Py_ssize_t index
     cdef public str id, method
     cdef public object role, join, binding, timeout
     cdef public bint interface, session, ordered, stream, diamond_root, in_cycle, feeds_stream_slots, generator
-    cdef public tuple groups, routes, join_watchers
-    cdef public frozenset carried
+    cdef public tuple groups, routes, join_watchers, order_feeds, reset_counters, ancestors
+    cdef public frozenset carried, out_fields
+    cdef public OrderConsumer consumer
     cdef public list methods
 
 cdef class GraphProgram:
     cdef public str name
-    cdef public tuple nodes, entry, streams, returns, joins
+    cdef public tuple nodes, entry, streams, returns, joins, consumers, stream_consumers, resets
     cdef public dict by_id, _stream_index
     cdef public frozenset entry_set
     cdef public NodeProgram start

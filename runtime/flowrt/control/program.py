@@ -8,6 +8,14 @@ absent one must resolve (`absent`). Each `Edge` is classified once by what happe
 (to the caller, a one-slot direct group, a bucket, a stream slot, a join), so dispatching a
 frame is a walk over prebuilt objects, not a reading of the plan. Which joins a node's end can
 complete (`join_watchers`) is also computed here, so a finished activation rechecks only those.
+
+Order (docs/runtime.md, rule 7) is prepared here too. Every place that must see frames in the
+order of their keys is an `OrderConsumer`: a stream the graph marks `ordered`, and the input of
+an `lb session` node outside loops. A consumer may let a frame (or an activation) through once
+no work still in flight can send it one with a smaller key; `OrderConsumer` lists the work that
+can: the nodes whose activations and buckets reach it with their keys unchanged or extended
+(`heap_nodes`), and the nodes that give the frames reaching it new keys: `lb session` nodes
+(keys restart at their output counter) and joins (a join's activation has the empty key).
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from flowrt.tables import NodeTables
 
 # what a frame does at the end of an edge
 CALLER, DIRECT, BUCKET, STREAM_SLOT, JOIN = 0, 1, 2, 3, 4
+# what an order consumer orders: the frames of a caller's stream, or a session node's activations
+ORDERED_STREAM, ORDERED_SESSION = 0, 1
 
 
 class GroupProgram:
@@ -77,6 +87,23 @@ class JoinField:
         self.upstream = upstream  # node indices
 
 
+class OrderConsumer:
+    """A place that takes frames in key order, and the work in flight that can still reach it."""
+
+    __slots__ = ("index", "kind", "target", "heap_nodes", "session_resets", "join_resets")
+
+    def __init__(self, index: int, kind: int, target: int):
+        self.index = index
+        self.kind = kind
+        self.target = target  # the stream's index, or the session node's
+        # nodes whose activations and open buckets reach it with their keys kept or extended
+        self.heap_nodes: frozenset[int] = frozenset()
+        # session nodes (indices into GraphProgram.resets) whose output counter keys what reaches it
+        self.session_resets: tuple[int, ...] = ()
+        # joins whose activation (the empty key) can reach it; they hold it back until they resolve
+        self.join_resets: tuple[int, ...] = ()
+
+
 class NodeProgram:
     """One node of one graph: tables, routes, and (for interfaces) how to invoke its role."""
 
@@ -97,6 +124,11 @@ class NodeProgram:
         "join",
         "join_watchers",
         "feeds_stream_slots",
+        "out_fields",
+        "order_feeds",
+        "reset_counters",
+        "ancestors",
+        "consumer",
         "generator",
         "binding",
         "methods",
@@ -120,6 +152,11 @@ class NodeProgram:
         self.join: tuple[JoinField, ...] | None = None
         self.join_watchers: tuple[NodeProgram, ...] = ()  # joins whose `all` fields this node feeds
         self.feeds_stream_slots = False  # some out edge ends at a stream slot (closed when an activation ends)
+        self.out_fields: frozenset[str] = frozenset()  # the interface's declared out fields
+        self.order_feeds: tuple[OrderConsumer, ...] = ()  # consumers whose heap_nodes hold this node
+        self.reset_counters: tuple[int, ...] = ()  # session resets this node's work keeps alive
+        self.ancestors: tuple[int, ...] = ()  # for joins: every node that can feed it
+        self.consumer: OrderConsumer | None = None  # for an ordered session node: its input's consumer
         self.binding: Any = None  # the role's RoleBinding (set when the runtime binds its roles)
         self.methods: list[Any] = []  # the interface's bound method on each replica
         self.generator = False  # the method is an async generator (streams its frames)
@@ -141,6 +178,9 @@ class GraphProgram:
         "returns",
         "timeout",
         "joins",
+        "consumers",
+        "stream_consumers",
+        "resets",
         "_stream_index",
     )
 
@@ -174,6 +214,7 @@ class GraphProgram:
                 Route(name, self._edges(name, targets, tables)) for name, targets in tables[node.id].control.items()
             )
             node.feeds_stream_slots = any(e.kind == STREAM_SLOT for route in node.routes for e in route.edges)
+            node.out_fields = frozenset(route.field for route in node.routes)
         self.joins = tuple(node for node in self.nodes if node.join is not None)
         watchers: dict[int, list[NodeProgram]] = {}
         for join in self.joins:
@@ -182,8 +223,8 @@ class GraphProgram:
                 watchers.setdefault(u, []).append(join)
         for node in self.nodes:
             node.join_watchers = tuple(watchers.get(node.index, ()))
-            if node.session:
-                node.ordered = self._ordered_session(node, tables)
+            node.ordered = node.session and not node.in_cycle  # in a loop, a session node goes FIFO
+        self._order_tables()
 
     def _edges(self, name: str, targets, tables: dict[str, NodeTables]) -> tuple[Edge, ...]:
         edges = []
@@ -211,8 +252,76 @@ class GraphProgram:
             edges.append(edge)
         return tuple(edges)
 
-    @staticmethod
-    def _ordered_session(node: NodeProgram, tables: dict[str, NodeTables]) -> bool:
-        """A session node whose inputs share one order source uses SeqIds; the others go FIFO."""
-        sources = {tables[s.producer].order_source for g in tables[node.id].groups for s in g.slots if s.producer in tables}
-        return not node.in_cycle and len(sources) == 1 and None not in sources
+    def _order_tables(self) -> None:
+        """The order consumers, and what each node's work in flight means to them (module docstring)."""
+        nodes = self.nodes
+        preds: list[set[int]] = [set() for _ in nodes]
+        producers: list[set[int]] = [set() for _ in self.streams]
+        for node in nodes:
+            for route in node.routes:
+                for edge in route.edges:
+                    if edge.node is not None:
+                        preds[edge.node.index].add(node.index)
+                    elif edge.stream >= 0:
+                        producers[edge.stream].add(node.index)
+        consumers: list[OrderConsumer] = []
+        stream_consumers: list[OrderConsumer | None] = [None] * len(self.streams)
+        for stream, (_, ordered) in enumerate(self.streams):
+            if ordered:
+                consumer = stream_consumers[stream] = OrderConsumer(len(consumers), ORDERED_STREAM, stream)
+                consumers.append(consumer)
+        for node in nodes:
+            if node.ordered:
+                consumer = node.consumer = OrderConsumer(len(consumers), ORDERED_SESSION, node.index)
+                consumers.append(consumer)
+        resets: list[int] = []  # session nodes some consumer's keys restart at
+        for consumer in consumers:
+            starts = producers[consumer.target] if consumer.kind == ORDERED_STREAM else preds[consumer.target]
+            heap, sessions, joins = set(), set(), set()
+            seen: set[int] = set()
+            stack = sorted(starts)
+            while stack:
+                index = stack.pop()
+                if index in seen:
+                    continue
+                seen.add(index)
+                node = nodes[index]
+                if node.session:
+                    sessions.add(index)
+                    continue  # what reaches it from upstream leaves with the session node's own keys
+                heap.add(index)
+                if node.join is not None:
+                    joins.add(index)
+                    continue  # a join's activation starts from the empty key, whatever fed it
+                stack.extend(preds[index])
+            consumer.heap_nodes = frozenset(heap)
+            for index in sorted(sessions):
+                if index not in resets:
+                    resets.append(index)
+            consumer.session_resets = tuple(resets.index(i) for i in sorted(sessions))
+            consumer.join_resets = tuple(sorted(joins))
+        for node in nodes:
+            node.order_feeds = tuple(c for c in consumers if node.index in c.heap_nodes)
+        counters: list[list[int]] = [[] for _ in nodes]
+        for reset, index in enumerate(resets):
+            for member in _ancestors(index, preds) | {index}:
+                counters[member].append(reset)
+        for node in nodes:
+            node.reset_counters = tuple(counters[node.index])
+            if node.join is not None:
+                node.ancestors = tuple(sorted(_ancestors(node.index, preds)))
+        self.consumers = tuple(consumers)
+        self.stream_consumers = tuple(stream_consumers)
+        self.resets = tuple(resets)
+
+
+def _ancestors(index: int, preds: list[set[int]]) -> set[int]:
+    """Every node with a path to `index` (itself only if on a loop through it)."""
+    found: set[int] = set()
+    stack = list(preds[index])
+    while stack:
+        node = stack.pop()
+        if node not in found:
+            found.add(node)
+            stack.extend(preds[node])
+    return found
