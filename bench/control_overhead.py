@@ -9,7 +9,18 @@ segment and one image segment; the LLM streams 16 tokens per segment):
 For 1 and 64 concurrent clients: requests/s, p50/p99 latency, CPU µs per request, and the
 ratios flowrt/floor and flowrt/LangGraph. `--profile` adds where flowrt's time goes.
 
-    python bench/control_overhead.py [--requests 2000] [--profile] [--no-freeze]
+    python bench/control_overhead.py [--requests 10000] [--rounds 20] [--profile] [--no-freeze]
+
+Method: interleaved, same-process measurement. This machine's speed drifts by tens of percent
+within minutes, so one long run per system compares each system with a different machine.
+Instead, for each client count, `--rounds` rounds each run one batch of every system back to
+back (`--requests / --rounds` requests per batch; LangGraph, ~50x slower, a batch 1/8 that
+size but at least one request per client; the order of the systems reversed every other
+round). A round's ratio is flowrt's requests/s over the other system's in that round, so
+drift slower than a round cancels out. Reported: per system the median over rounds of
+requests/s and CPU per request, p50/p99 over every request; per ratio the median over rounds,
+its interquartile range (the spread of the middle half of the rounds) and min–max. Each
+system is warmed up before the first round.
 
 flowrt runs its compiled control core where it was built (docs/runtime.md, "The compiled
 core"); `FLOWRT_PURE=1` measures the Python sources instead. The first line printed says
@@ -37,6 +48,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENS_PER_SEGMENT = 16
+LANGGRAPH_BATCH_DIVISOR = 8
 REQUEST = {"segments": [{"type": "text", "text": "draw a red cat"}, {"type": "image", "width": 64, "height": 48}]}
 
 
@@ -214,8 +226,8 @@ def langgraph_system():
 # ── measurement ──
 
 
-async def measure(one, requests: int, clients: int) -> dict:
-    latencies: list[float] = []
+async def batch(one, requests: int, clients: int, latencies: list[float]) -> tuple[float, float]:
+    """`requests` calls by `clients` concurrent clients; (wall seconds, CPU seconds); latencies appended."""
     counter = iter(range(requests))
 
     async def client(c: int) -> None:
@@ -225,18 +237,38 @@ async def measure(one, requests: int, clients: int) -> dict:
             latencies.append(time.perf_counter() - began)
             assert tokens == 2 * TOKENS_PER_SEGMENT, tokens
 
-    for _ in range(20):  # warm up
-        await one("warmup")
     cpu, wall = time.process_time(), time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(clients)))
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    latencies.sort()
-    return {
-        "rps": requests / wall,
-        "p50_ms": statistics.median(latencies) * 1e3,
-        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1e3,
-        "cpu_us": cpu / requests * 1e6,
-    }
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) of two values or more."""
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+async def interleaved(systems: dict, clients: int, rounds: int, batch_size: int) -> tuple[dict, dict]:
+    """Every round runs one batch of each system, back to back (order reversed every other round).
+
+    Returns per system: the per-round req/s and CPU per request and all latencies; and per
+    system other than flowrt: the per-round ratios flowrt req/s / its req/s.
+    """
+    per_round = {name: {"rps": [], "cpu_us": [], "latencies": []} for name in systems}
+    ratios: dict[str, list[float]] = {name: [] for name in systems if name != "flowrt"}
+    names = list(systems)
+    for round_ in range(rounds):
+        rps: dict[str, float] = {}
+        for name in names if round_ % 2 == 0 else reversed(names):
+            # LangGraph is ~50x slower: smaller batches (at least one request per client) keep rounds short
+            size = batch_size if name != "langgraph" else max(batch_size // LANGGRAPH_BATCH_DIVISOR, clients, 1)
+            wall, cpu = await batch(systems[name], size, clients, per_round[name]["latencies"])
+            rps[name] = size / wall
+            per_round[name]["rps"].append(rps[name])
+            per_round[name]["cpu_us"].append(cpu / size * 1e6)
+        for name in ratios:
+            ratios[name].append(rps["flowrt"] / rps[name])
+    return per_round, ratios
 
 
 async def main_async(args) -> None:
@@ -246,34 +278,50 @@ async def main_async(args) -> None:
         systems["langgraph"] = graph
     else:
         print("langgraph is not installed here: `make bench-overhead` runs this in .venv-bench with it", file=sys.stderr)
+    for name, one in systems.items():  # warm up: imports, caches, the first calls' allocations
+        await batch(one, 20 if name == "langgraph" else 200, 1, [])
     if not args.no_freeze:
         # what a server does once it has loaded: move the objects of set-up (the compiler that built
         # the bundle, langgraph's modules) out of the collector's view; all three systems share this
         gc.collect()
         gc.freeze()
-    results: dict[tuple[str, int], dict] = {}
+    batch_size = max(1, args.requests // args.rounds)
+    results: dict[int, tuple[dict, dict]] = {}
     for clients in (1, 64):
-        for name, one in systems.items():
-            results[(name, clients)] = await measure(one, args.requests, clients)
+        results[clients] = await interleaved(systems, clients, args.rounds, batch_size)
     from flowrt.control import CORE
 
     print(f"Python {sys.version.split()[0]}; flowrt control core: {CORE}")
-    print(f"requests per measurement: {args.requests}; tokens per request: {2 * TOKENS_PER_SEGMENT}")
+    print(
+        f"interleaved: {args.rounds} rounds, each one batch per system back to back; batch: {batch_size} requests "
+        f"(LangGraph: 1/{LANGGRAPH_BATCH_DIVISOR}, at least one per client); tokens per request: {2 * TOKENS_PER_SEGMENT}"
+    )
     print("| system | clients | req/s | p50 | p99 | CPU per request |")
     print("|---|---:|---:|---:|---:|---:|")
-    for (name, clients), r in results.items():
-        print(f"| {name} | {clients} | {r['rps']:,.0f} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | {r['cpu_us']:,.0f} µs |")
+    for clients, (per_round, _) in results.items():
+        for name, r in per_round.items():
+            latencies = sorted(r["latencies"])
+            p50 = statistics.median(latencies) * 1e3
+            p99 = latencies[int(0.99 * (len(latencies) - 1))] * 1e3
+            rps, cpu_us = statistics.median(r["rps"]), statistics.median(r["cpu_us"])
+            print(f"| {name} | {clients} | {rps:,.0f} | {p50:.2f} ms | {p99:.2f} ms | {cpu_us:,.0f} µs |")
+    print("(req/s and CPU: medians of the rounds; p50 and p99 over every request of the rounds)")
     print()
-    for clients in (1, 64):
-        flowrt = results[("flowrt", clients)]["rps"]
-        line = f"clients {clients}: flowrt/floor = {flowrt / results[('floor', clients)]['rps']:.2f}x"
-        if ("langgraph", clients) in results:
-            line += f", flowrt/LangGraph = {flowrt / results[('langgraph', clients)]['rps']:.2f}x"
-        print(line)
+    print("flowrt's throughput over each system's in the same round: median (interquartile range; min–max)")
+    for clients, (_, ratios) in results.items():
+        parts = []
+        for name, label in (("floor", "floor"), ("langgraph", "LangGraph")):
+            if name in ratios and len(ratios[name]) == 1:
+                parts.append(f"flowrt/{label} = {ratios[name][0]:.2f}x (one round)")
+            elif name in ratios:
+                q1, median, q3 = quartiles(ratios[name])
+                low, high = min(ratios[name]), max(ratios[name])
+                parts.append(f"flowrt/{label} = {median:.2f}x (IQR {q1:.2f}–{q3:.2f}; {low:.2f}–{high:.2f})")
+        print(f"clients {clients}: " + ", ".join(parts))
     if args.profile:
         profiler = cProfile.Profile()
         profiler.enable()
-        await measure(systems["flowrt"], args.requests, 64)
+        await batch(systems["flowrt"], args.requests, 64, [])
         profiler.disable()
         stream = io.StringIO()
         pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(15)
@@ -283,10 +331,16 @@ async def main_async(args) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument(
+        "--requests", type=int, default=10_000, help="Requests of flowrt and of the floor per client count, over all rounds."
+    )
+    parser.add_argument("--rounds", type=int, default=20, help="Rounds of interleaved batches (the ratios' sample).")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--no-freeze", action="store_true", help="Leave set-up objects in the garbage collector's view.")
-    asyncio.run(main_async(parser.parse_args()))
+    args = parser.parse_args()
+    if args.requests < 1 or args.rounds < 1:
+        parser.error("--requests and --rounds must be at least 1")
+    asyncio.run(main_async(args))
     return 0
 
 

@@ -31,3 +31,16 @@ def test_control_overhead_bench_runs_all_systems_it_has():
     for row in ("| flowrt | 1 |", "| floor | 1 |", "| flowrt | 64 |", "| floor | 64 |"):
         assert row in result.stdout
     assert "clients 1: flowrt/floor = " in result.stdout and "clients 64: flowrt/floor = " in result.stdout
+
+
+def test_lsp_bench_runs_a_small_burst_against_the_new_server():
+    result = run("bench/lsp_bench.py", "--roles", "40", "--edits", "3", "--rounds", "1", "--baseline", "none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "before: skipped, not asked for" in result.stderr
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2:-1] for line in result.stdout.splitlines() if line.startswith("| debounce")
+    }
+    assert set(rows) == {"debounce 0 ms", "debounce 150 ms"}, result.stdout
+    # with the default delay a burst publishes once; with none, at most once per edit (each then current)
+    assert rows["debounce 150 ms"][1].strip() == "1", result.stdout
+    assert 1 <= int(rows["debounce 0 ms"][1]) <= 3, result.stdout

@@ -17,6 +17,7 @@ from flowc import __version__
 from flowc.check import CheckResult, check_source
 from flowc.diagnostics import Diagnostic, Severity, render_json, render_text, summary_line
 from flowc.fmt import format_source
+from flowc.lsp.scheduler import DEFAULT_DEBOUNCE_S
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -389,18 +390,28 @@ def _serve(bundle_dir: Path, http: str) -> None:
 
 @main.command()
 @click.option("--stdio", is_flag=True, help="Talk over stdin and stdout (the default and only transport).")
-def lsp(stdio: bool) -> None:
+@click.option(
+    "--debounce-ms",
+    type=click.FloatRange(min=0, max=60_000),
+    default=DEFAULT_DEBOUNCE_S * 1000,
+    show_default=True,
+    help="Check an edited document once edits have paused this long (open and save check at once).",
+)
+def lsp(stdio: bool, debounce_ms: float) -> None:
     """Run the language server for editors (Language Server Protocol over stdio).
 
     \b
-    Diagnostics on open, change and save; hover, go to definition, references,
+    Diagnostics on open, save and, after a pause in edits, on change (checked off the
+    event loop, outdated results dropped); hover, go to definition, references,
     completion, document symbols and formatting. Editors start it; see editors/vscode/.
     """
+    if debounce_ms != debounce_ms:  # NaN passes FloatRange
+        raise click.BadParameter("nan is not a number of milliseconds; give one from 0 to 60000", param_hint="--debounce-ms")
     try:
         from flowc.lsp.server import main as serve
     except ImportError as error:  # pygls is a dependency; a broken install gets a fix, not a traceback
         raise click.ClickException(f"the language server needs pygls ({error}); reinstall flowc: pip install flowc") from None
-    serve()
+    serve(debounce_ms / 1000)
 
 
 def _parse_input(text: str) -> dict:

@@ -1,16 +1,23 @@
 """`flowc lsp`: the language server (pygls over stdio).
 
-On open, change and save it checks the document with the compiler (the same checks as
-`flowc check`, imports resolved beside the file) and publishes the diagnostics; hover,
-definition, references, completion, document symbols and formatting read the analysis of the
-latest text. A document that does not parse keeps the names of its last good version for
-completion and hover, so typing does not blank the editor's help.
+It checks documents with the compiler (the same checks as `flowc check`, imports resolved
+beside the file) and publishes the diagnostics, tagged with the document version they were
+computed for. When a document is checked, where, and which results are published is
+`flowc.lsp.scheduler`'s: at once on open and save, after a short pause in edits on change
+(`flowc lsp --debounce-ms`), on a worker thread, results for outdated versions dropped.
+Hover, definition, references, completion, document symbols and formatting are answered on
+the event loop while a check runs, from the analysis of the latest checked version. A document
+that does not parse keeps the names of its last good version for completion and hover, so
+typing does not blank the editor's help. `workspace/executeCommand` `flowc.statistics` returns
+`FlowServer.statistics()` (with the argument "settled": once no check runs or waits).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -25,6 +32,7 @@ from flowc.fmt import format_source
 from flowc.lsp import answers
 from flowc.lsp.index import Kind, Occurrence, at, occurrences
 from flowc.lsp.positions import UTF16, LineIndex
+from flowc.lsp.scheduler import DEFAULT_DEBOUNCE_S, CheckScheduler, Snapshot
 from flowc.spans import Span
 
 
@@ -35,16 +43,29 @@ class Analysis:
     uri: str
     path: str
     text: str
+    version: int | None
     result: CheckResult
     found: list[Occurrence] = field(default_factory=list)
 
 
+def analyse(snapshot: Snapshot) -> Analysis:
+    """Check one version of a document (on the scheduler's worker thread: it reads nothing else of the server)."""
+    path = to_fs_path(snapshot.uri) or snapshot.uri
+    file = Path(path) if snapshot.uri.startswith("file:") else None
+    result = check_source(snapshot.text, path, file)
+    analysis = Analysis(snapshot.uri, path, snapshot.text, snapshot.version, result)
+    if result.program is not None:
+        analysis.found = occurrences(result.program.root.ast)
+    return analysis
+
+
 class FlowServer(LanguageServer):
-    def __init__(self) -> None:
+    def __init__(self, debounce_s: float = DEFAULT_DEBOUNCE_S) -> None:
         super().__init__("flowc", __version__)
-        self.analyses: dict[str, Analysis] = {}
+        self.analyses: dict[str, Analysis] = {}  # the latest published analysis of each open document
         self.last_program: dict[str, Program] = {}
         self.published: dict[str, set[str]] = {}  # root uri -> uris it published diagnostics to
+        self.checks: CheckScheduler[Analysis] = CheckScheduler(self.snapshot, analyse, self.delivered, debounce_s)
 
     @property
     def encoding(self) -> str:
@@ -55,17 +76,44 @@ class FlowServer(LanguageServer):
 
     # ── analysis ──
 
-    def analyse(self, uri: str) -> Analysis:
-        document = self.workspace.get_text_document(uri)
-        path = to_fs_path(uri) or uri
-        file = Path(path) if uri.startswith("file:") else None
-        result = check_source(document.source, path, file)
-        analysis = Analysis(uri, path, document.source, result)
-        if result.program is not None:
-            analysis.found = occurrences(result.program.root.ast)
-            self.last_program[uri] = result.program
-        self.analyses[uri] = analysis
-        return analysis
+    def snapshot(self, uri: str) -> Snapshot | None:
+        """The current text and version of an open document (None once it is closed)."""
+        document = self.workspace.text_documents.get(unquote(uri))
+        return None if document is None else Snapshot(uri, document.version, document.source)
+
+    def delivered(self, snapshot: Snapshot, analysis: Analysis) -> None:
+        """A check of the document's current version ended (called on the event loop)."""
+        self.analyses[analysis.uri] = analysis
+        if analysis.result.program is not None:
+            self.last_program[analysis.uri] = analysis.result.program
+        self.publish(analysis)
+
+    async def analysis(self, uri: str) -> Analysis:
+        """The latest checked version of `uri`; a document not checked yet (or not open) is checked first."""
+        analysis = self.analyses.get(uri)
+        if analysis is not None:
+            return analysis
+        snapshot = self.snapshot(uri)
+        if snapshot is None:  # a request about a file the editor has not opened: read it from disk
+            document = self.workspace.get_text_document(uri)
+            snapshot = Snapshot(uri, document.version, document.source)
+        return await self.checks.run(snapshot)
+
+    def forget(self, uri: str) -> None:
+        self.checks.forget(uri)
+        for published in sorted(self.published.pop(uri, set())):
+            self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=published, diagnostics=[]))
+        self.analyses.pop(uri, None)
+        self.last_program.pop(uri, None)
+
+    def statistics(self) -> dict[str, Any]:
+        """The checks' counts and state, and what the server holds per document (zero once every document is closed)."""
+        return {
+            "checks": self.checks.statistics(),
+            "analyses": len(self.analyses),
+            "last_programs": len(self.last_program),
+            "published": len(self.published),
+        }
 
     def program(self, uri: str) -> Program | None:
         analysis = self.analyses.get(uri)
@@ -99,7 +147,9 @@ class FlowServer(LanguageServer):
         for stale in self.published.get(analysis.uri, set()) - uris:
             self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=stale, diagnostics=[]))
         for uri in sorted(uris):
-            params = types.PublishDiagnosticsParams(uri=uri, diagnostics=by_uri.get(uri, []))
+            # the version tells the editor which text the diagnostics are for (imported files: not known)
+            version = analysis.version if uri == analysis.uri else None
+            params = types.PublishDiagnosticsParams(uri=uri, diagnostics=by_uri.get(uri, []), version=version)
             self.text_document_publish_diagnostics(params)
         self.published[analysis.uri] = uris
 
@@ -120,8 +170,8 @@ class FlowServer(LanguageServer):
             related_information=related or None,
         )
 
-    def occurrence_at(self, uri: str, position: types.Position) -> tuple[Analysis, Occurrence] | None:
-        analysis = self.analyses.get(uri) or self.analyse(uri)
+    async def occurrence_at(self, uri: str, position: types.Position) -> tuple[Analysis, Occurrence] | None:
+        analysis = await self.analysis(uri)
         if analysis.result.program is None:
             return None
         found = at(analysis.found, self.lines(analysis.text).offset(position))
@@ -133,31 +183,41 @@ server = FlowServer()
 
 @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
 def did_open(ls: FlowServer, params: types.DidOpenTextDocumentParams) -> None:
-    ls.publish(ls.analyse(params.text_document.uri))
+    ls.checks.now(params.text_document.uri)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
 def did_change(ls: FlowServer, params: types.DidChangeTextDocumentParams) -> None:
-    ls.publish(ls.analyse(params.text_document.uri))
+    ls.checks.changed(params.text_document.uri)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
 def did_save(ls: FlowServer, params: types.DidSaveTextDocumentParams) -> None:
-    ls.publish(ls.analyse(params.text_document.uri))
+    # immediate even when the text is unchanged: the files it imports may have been saved
+    ls.checks.now(params.text_document.uri)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
 def did_close(ls: FlowServer, params: types.DidCloseTextDocumentParams) -> None:
-    uri = params.text_document.uri
-    for published in sorted(ls.published.pop(uri, set())):
-        ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=published, diagnostics=[]))
-    ls.analyses.pop(uri, None)
-    ls.last_program.pop(uri, None)
+    ls.forget(params.text_document.uri)
+
+
+@server.feature(types.SHUTDOWN)
+def shutdown(ls: FlowServer, params: None) -> None:
+    ls.checks.close()
+
+
+@server.command("flowc.statistics")
+async def statistics(ls: FlowServer, *args: Any) -> dict[str, Any]:
+    """`FlowServer.statistics()`; with the argument "settled", once no check is running or waiting."""
+    if "settled" in args:
+        await ls.checks.idle()
+    return ls.statistics()
 
 
 @server.feature(types.TEXT_DOCUMENT_HOVER)
-def hover(ls: FlowServer, params: types.HoverParams) -> types.Hover | None:
-    hit = ls.occurrence_at(params.text_document.uri, params.position)
+async def hover(ls: FlowServer, params: types.HoverParams) -> types.Hover | None:
+    hit = await ls.occurrence_at(params.text_document.uri, params.position)
     if hit is None:
         return None
     analysis, occurrence = hit
@@ -169,8 +229,8 @@ def hover(ls: FlowServer, params: types.HoverParams) -> types.Hover | None:
 
 
 @server.feature(types.TEXT_DOCUMENT_DEFINITION)
-def definition(ls: FlowServer, params: types.DefinitionParams) -> list[types.Location] | None:
-    hit = ls.occurrence_at(params.text_document.uri, params.position)
+async def definition(ls: FlowServer, params: types.DefinitionParams) -> list[types.Location] | None:
+    hit = await ls.occurrence_at(params.text_document.uri, params.position)
     if hit is None:
         return None
     analysis, occurrence = hit
@@ -185,8 +245,8 @@ def definition(ls: FlowServer, params: types.DefinitionParams) -> list[types.Loc
 
 
 @server.feature(types.TEXT_DOCUMENT_REFERENCES)
-def references(ls: FlowServer, params: types.ReferenceParams) -> list[types.Location] | None:
-    hit = ls.occurrence_at(params.text_document.uri, params.position)
+async def references(ls: FlowServer, params: types.ReferenceParams) -> list[types.Location] | None:
+    hit = await ls.occurrence_at(params.text_document.uri, params.position)
     if hit is None:
         return None
     analysis, occurrence = hit
@@ -235,8 +295,8 @@ _SYMBOL_KINDS = {
 
 
 @server.feature(types.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
-def document_symbols(ls: FlowServer, params: types.DocumentSymbolParams) -> list[types.DocumentSymbol]:
-    analysis = ls.analyses.get(params.text_document.uri) or ls.analyse(params.text_document.uri)
+async def document_symbols(ls: FlowServer, params: types.DocumentSymbolParams) -> list[types.DocumentSymbol]:
+    analysis = await ls.analysis(params.text_document.uri)
     if analysis.result.program is None:
         return []
     index = ls.lines(analysis.text)
@@ -269,5 +329,6 @@ def formatting(ls: FlowServer, params: types.DocumentFormattingParams) -> list[t
     return [types.TextEdit(range=whole, new_text=formatted)]
 
 
-def main() -> None:
+def main(debounce_s: float = DEFAULT_DEBOUNCE_S) -> None:
+    server.checks.debounce_s = debounce_s
     server.start_io()
