@@ -17,6 +17,7 @@ from flowc import __version__
 from flowc.check import CheckResult, check_source
 from flowc.diagnostics import Diagnostic, Severity, render_json, render_text, summary_line
 from flowc.fmt import format_source
+from flowc.sources import SourceText, read_source, split_bom
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -51,12 +52,12 @@ def main(debug: bool) -> None:
     """
 
 
-def _read(path: str) -> tuple[str, Path | None]:
+def _read(path: str) -> tuple[SourceText, Path | None]:
     if path == "-":
-        return sys.stdin.read(), None
+        return split_bom(sys.stdin.read()), None
     file = Path(path)
     try:
-        return file.read_text(encoding="utf-8"), file
+        return read_source(file), file
     except FileNotFoundError:
         raise click.UsageError(f"no such file: {path}") from None
     except IsADirectoryError:
@@ -68,8 +69,8 @@ def _read(path: str) -> tuple[str, Path | None]:
 
 
 def _check(path: str) -> CheckResult:
-    text, file = _read(path)
-    return check_source(text, "<stdin>" if path == "-" else path, file)
+    source, file = _read(path)
+    return check_source(source.text, "<stdin>" if path == "-" else path, file)
 
 
 def _color(option: bool | None) -> bool:
@@ -144,11 +145,12 @@ def fmt(files: tuple[str, ...], check_only: bool, diff: bool, color: bool | None
 
     failed = False
     for path in files:
-        text, file = _read(path)
+        source, file = _read(path)
+        text = source.original  # fmt keeps a BOM (docs/language.md, "Formatting")
         display = "<stdin>" if path == "-" else path
         formatted, diagnostics = format_source(text, display)
         if formatted is None:
-            click.echo(render_text(diagnostics, {display: text}, _color(color)), err=True)
+            click.echo(render_text(diagnostics, {display: source.text}, _color(color)), err=True)
             click.echo(f"flowc: {display} has syntax errors; not formatted", err=True)
             failed = True
             continue

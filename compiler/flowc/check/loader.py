@@ -14,6 +14,7 @@ from pathlib import Path
 
 from flowc.check.model import ModuleInfo
 from flowc.diagnostics import Diagnostic, Note
+from flowc.sources import read_source
 from flowc.syntax import ast, parse
 
 STDLIB_PREFIX = "<stdlib>"
@@ -92,7 +93,7 @@ class _Loader:
             if key in self.done:
                 return self.done[key]
             try:
-                text = candidate.read_text(encoding="utf-8")
+                text = read_source(candidate).text
             except (OSError, UnicodeDecodeError) as error:
                 self.diagnostics.append(
                     Diagnostic(
