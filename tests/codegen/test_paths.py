@@ -37,9 +37,7 @@ class Shout:
 def flowc(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     # PWD as a shell would set it, so a symlinked working directory is seen as the user sees it
     env = {**os.environ, "PWD": str(cwd)}
-    return subprocess.run(
-        [sys.executable, "-m", "flowc", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([sys.executable, "-m", "flowc", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
 def files_of(out: Path) -> dict[str, bytes]:
