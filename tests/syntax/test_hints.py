@@ -37,6 +37,14 @@ CASES = [
         "settings are separated by newlines or spaces, not commas; remove the `,`",
     ),
     (
+        "comma between role settings after another declaration",
+        'flow t\n\nplaceholder x: Json\n\nrole r {\n    impl "m:R",\n    replicas 2\n}\n',
+        "E001",
+        "unexpected number `2` in `role r`",
+        "`replicas` was read as one more value of the setting before it, because of the `,` before `replicas`: "
+        "settings are separated by newlines or spaces, not commas; remove the `,`",
+    ),
+    (
         "dangling &",
         'placeholder a: Json\nrole r {\n    impl "m:R"\n    interface i {\n        in a &\n        out y: Json\n    }\n}\n',
         "E001",

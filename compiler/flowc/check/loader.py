@@ -94,14 +94,13 @@ class _Loader:
                 return self.done[key]
             try:
                 text = read_source(candidate).text
-            except (OSError, UnicodeDecodeError) as error:
+            except UnicodeDecodeError as error:
+                message = f"`{display}` is not UTF-8 text ({error.reason} at byte {error.start})"
+                self.diagnostics.append(Diagnostic("E103", message, decl.span, f"save `{display}` as UTF-8"))
+                return None
+            except OSError as error:
                 self.diagnostics.append(
-                    Diagnostic(
-                        "E103",
-                        f"cannot read `{display}`: {error}",
-                        decl.span,
-                        "check the file's permissions and encoding (UTF-8)",
-                    )
+                    Diagnostic("E103", f"cannot read `{display}`: {error.strerror or error}", decl.span, "check the file's permissions")
                 )
                 return None
             self.load(candidate, display, text, decl.dotted, is_root=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -139,6 +140,8 @@ def _character_hint(text: str, offset: int) -> str | None:
         return "remove the invisible byte-order mark: it is allowed only at the very start of the file"
     if char.isalpha() or char.isdigit():  # a letter or digit outside ASCII
         return f"names hold ASCII letters, digits and `_`; `{char}` may appear only in strings and comments"
+    if unicodedata.category(char) == "Cc":  # NUL, ESC, ...: binary data, not text
+        return f"delete the control character U+{ord(char):04X}; is this a .flow text file?"
     if not char.isprintable() or char.isspace():
         return f"delete the invisible character U+{ord(char):04X} (copied from a web page or a word processor?)"
     return None
@@ -251,7 +254,9 @@ class SyntaxErrorTranslator:
                 pass
         except UnexpectedInput:  # pragma: no cover - the parser read this text already
             return None
-        return last
+        if last is None:
+            return None
+        return Token(last.type, last.value, start_pos=begin + last.start_pos)  # positions in the whole text
 
     def _hint(self, token: Token | None, expected: set[str], before: Token | None, masked: str) -> str | None:
         if token is None:
