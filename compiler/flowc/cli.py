@@ -172,6 +172,7 @@ def fmt(files: tuple[str, ...], check_only: bool, diff: bool, color: bool | None
     import difflib
 
     failed = False
+    unwritable: list[str] = []
     inputs = _Inputs(files)
     for path, source, file in inputs:
         text = source.original  # fmt keeps a BOM (docs/language.md, "Formatting")
@@ -200,10 +201,10 @@ def fmt(files: tuple[str, ...], check_only: bool, diff: bool, color: bool | None
                 file.write_text(formatted, encoding="utf-8")
             except OSError as error:
                 click.echo(f"flowc: cannot write {display}: {error.strerror}; it is unchanged", err=True)
-                inputs.unreadable.append(path)
+                unwritable.append(path)
                 continue
             click.echo(f"reformatted {display}", err=True)
-    sys.exit(EXIT_USAGE if inputs.unreadable else EXIT_ERRORS if failed else EXIT_OK)
+    sys.exit(EXIT_USAGE if inputs.unreadable or unwritable else EXIT_ERRORS if failed else EXIT_OK)
 
 
 def _checked_program(file: str, color: bool | None):
@@ -310,7 +311,9 @@ def build(file: str, out: str, targets: tuple[str, ...], color: bool | None) -> 
         bundle.write(out_dir)
     except OSError as error:
         where = f" ({error.filename})" if error.filename and str(error.filename) != out else ""
-        raise click.UsageError(f"cannot write the bundle to {out}{where}: {error.strerror}; choose a writable directory for -o") from None
+        raise click.UsageError(
+            f"cannot write the bundle to {out}{where}: {error.strerror}; choose a writable directory for -o"
+        ) from None
     click.echo(f"wrote {out_dir}: {len(bundle.files)} files, {bundle.size:,} bytes ({', '.join(chosen)})")
 
 

@@ -48,7 +48,10 @@ def _dotted_problem(what: str, path: str) -> tuple[str, str] | None:
         if not part.isidentifier():
             return f"`{part}` in the {what} is not a Python identifier", _identifier_hint(part)
         if keyword.iskeyword(part):
-            return f"`{part}` in the {what} is a Python keyword", f"rename the {'module' if what == 'module path' else 'class'}: `{part}` cannot be imported by that name"
+            return (
+                f"`{part}` in the {what} is a Python keyword",
+                f"rename the {'module' if what == 'module path' else 'class'}: `{part}` cannot be imported by that name",
+            )
     return None
 
 

@@ -100,7 +100,9 @@ class _Loader:
                 return None
             except OSError as error:
                 self.diagnostics.append(
-                    Diagnostic("E103", f"cannot read `{display}`: {error.strerror or error}", decl.span, "check the file's permissions")
+                    Diagnostic(
+                        "E103", f"cannot read `{display}`: {error.strerror or error}", decl.span, "check the file's permissions"
+                    )
                 )
                 return None
             self.load(candidate, display, text, decl.dotted, is_root=False)

@@ -68,7 +68,8 @@ class GraphIR:
     def contributing_ir(self) -> GraphIR:
         """This graph restricted to its contributing nodes and the edges that carry frames
         between them. Every producer feeding a contributing node contributes too, so buckets,
-        joins' `all` upstream sets and dominators are the same as in the full IR."""
+        joins' `all` upstream sets and dominators are those of the full IR, except that an edge
+        into an OR group that can never fire (which carries nothing) no longer counts as a path."""
         keep = self.contributing
         carrying = [e for e in _carrying_edges(self.nodes, self.edges, self.live) if e.source in keep and e.target in keep]
         return _assemble(self.name, self.info, self.start, self.nodes, self.edges, keep, carrying, self.live)

@@ -89,7 +89,9 @@ def _block_label(masked: str, offset: int, opener: str) -> str:
 
 
 # Keywords after which a name is declared: a keyword there was meant as the name.
-_NAMING_KEYWORDS = frozenset({"flow", "import", "type", "placeholder", "global", "role", "interface", "graph", "share", "with", "from"})
+_NAMING_KEYWORDS = frozenset(
+    {"flow", "import", "type", "placeholder", "global", "role", "interface", "graph", "share", "with", "from"}
+)
 # Clause keywords that take names, and what they take.
 _NEEDS_NAMES = {
     "entry": "one or more placeholder names",
