@@ -45,3 +45,75 @@ def test_every_setting_is_documented():
             assert f"`{key.name}`" in LANGUAGE or f"    {key.name} " in LANGUAGE, f"document `{key.name}` of {block.context}"
     for policy in schema.LB_POLICIES:
         assert f"`{policy}`" in LANGUAGE
+
+
+def test_separators_are_what_the_reference_says():
+    # docs/language.md, "Lexical structure": commas separate the entries of setting blocks and
+    # the names of one clause, never two clauses or settings
+    from flowc.syntax import parse
+
+    accepted = [
+        "global kv: KVCache { layers 2, page_tokens 16 }",
+        "global kv: KVCache {\n    layers 2\n    page_tokens 16\n}",
+        "role r {\n    batch { max 8, wait 5ms }\n}",
+        "graph g {\n    entry  a, b\n    return x, y\n}",
+        "role r {\n    interface i { in a  out x: Text, y: Tensor }\n}",
+    ]
+    rejected = [
+        "graph g {\n    entry audio, stream y\n}",
+        'role r {\n    impl "m:R",\n    replicas 2\n}',
+        "role r {\n    interface i { in a, out x: Text }\n}",
+    ]
+    for text in accepted:
+        assert parse(text).module is not None, text
+    for text in rejected:
+        assert parse(text).module is None, text
+    assert "entries separated by whitespace or commas" in LANGUAGE and "does not\n  separate clauses" in LANGUAGE
+
+
+def test_limits_table_is_the_schemas():
+    table = LANGUAGE.split("### Limits", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| (`[^|]+`[^|]*) \| ([^|]+) \|$", table, re.MULTILINE))
+    documented: dict[str, str] = {}
+    for setting, accepted in rows.items():
+        for name in re.findall(r"`(\w+)`", setting.split(":")[-1] if ":" in setting else setting):
+            documented[name] = re.sub(r"(?<=\d),(?=\d)", "", accepted.split(";")[0]).strip()
+    for block in (schema.ROLE, schema.INTERFACE, schema.GRAPH, schema.BATCH, *schema.GLOBAL_KINDS.values()):
+        for key in block.keys:
+            if key.range_text is not None:
+                assert documented.get(key.name) == key.range_text, f"docs/language.md, Limits: `{key.name}` is {key.range_text}"
+
+
+def test_the_reference_shows_the_role_method_and_links_the_runtime_guide():
+    roles = LANGUAGE.split("## Roles", 1)[1].split("\n## ", 1)[0]
+    assert "```python" in roles and "async def setup(self, ctx)" in roles and "async def write(self, ctx, features)" in roles
+    assert "(runtime.md#roles)" in roles
+
+
+def _anchors(markdown_text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", markdown_text, flags=re.DOTALL), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_relative_links_in_the_docs_resolve():
+    pages = [REPO / "README.md", REPO / "editors/vscode/README.md", *sorted((REPO / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", text, flags=re.DOTALL)):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked.read_text(encoding="utf-8")):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_the_bundle_guide_describes_this_release():
+    bundle = (REPO / "docs/bundle.md").read_text(encoding="utf-8")
+    assert "serving them (`flowc run`) and the Ray launcher come next" not in bundle
+    assert "`flowc run DIR`" in bundle and "docs/runtime.md" in bundle

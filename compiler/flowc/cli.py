@@ -18,6 +18,7 @@ from flowc.check import CheckResult, check_source
 from flowc.diagnostics import Diagnostic, Severity, render_json, render_text, summary_line
 from flowc.fmt import format_source
 from flowc.lsp.scheduler import DEFAULT_DEBOUNCE_S
+from flowc.sources import SourceText, read_source, read_stream
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -52,25 +53,46 @@ def main(debug: bool) -> None:
     """
 
 
-def _read(path: str) -> tuple[str, Path | None]:
-    if path == "-":
-        return sys.stdin.read(), None
-    file = Path(path)
+def _read(path: str) -> tuple[SourceText, Path | None]:
+    if not path:
+        raise click.UsageError("an empty file name was given; pass a .flow file")
+    file = None if path == "-" else Path(path)
     try:
-        return file.read_text(encoding="utf-8"), file
+        return (read_stream(sys.stdin.buffer, "<stdin>") if file is None else read_source(file)), file
     except FileNotFoundError:
         raise click.UsageError(f"no such file: {path}") from None
     except IsADirectoryError:
         raise click.UsageError(f"{path} is a directory; pass a .flow file") from None
     except UnicodeDecodeError as error:
-        raise click.UsageError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise click.UsageError(
+            f"{file or '<stdin>'} is not UTF-8 text ({error.reason} at byte {error.start}); pass a .flow file, or save it as UTF-8"
+        ) from None
     except OSError as error:
-        raise click.UsageError(f"cannot read {path}: {error.strerror}") from None
+        raise click.UsageError(f"cannot read {file or '<stdin>'}: {error.strerror}; pass a .flow file") from None
+
+
+class _Inputs:
+    """The files of one `check` or `fmt`: each that does not read is reported on stderr and
+    skipped, so one bad name does not hide the other files' results (the command exits 2)."""
+
+    def __init__(self, paths: tuple[str, ...]):
+        self.paths = paths
+        self.unreadable: list[str] = []
+
+    def __iter__(self):
+        for path in self.paths:
+            try:
+                source, file = _read(path)
+            except click.UsageError as error:
+                click.echo(f"flowc: {error.message}", err=True)
+                self.unreadable.append(path)
+                continue
+            yield path, source, file
 
 
 def _check(path: str) -> CheckResult:
-    text, file = _read(path)
-    return check_source(text, "<stdin>" if path == "-" else path, file)
+    source, file = _read(path)
+    return check_source(source.text, "<stdin>" if path == "-" else path, file)
 
 
 def _color(option: bool | None) -> bool:
@@ -103,8 +125,9 @@ def check(files: tuple[str, ...], output_format: str, color: bool | None, strict
     """
     all_diagnostics: list[Diagnostic] = []
     sources: dict[str, str] = {}
-    for path in files:
-        result = _check(path)
+    inputs = _Inputs(files)
+    for path, source, file in inputs:
+        result = check_source(source.text, "<stdin>" if path == "-" else path, file)
         all_diagnostics += result.diagnostics
         sources.update(result.sources)
     failed = any(d.severity is Severity.ERROR or strict for d in all_diagnostics)
@@ -115,6 +138,7 @@ def check(files: tuple[str, ...], output_format: str, color: bool | None, strict
                     "diagnostics": json.loads(render_json(all_diagnostics)),
                     "errors": sum(d.severity is Severity.ERROR for d in all_diagnostics),
                     "warnings": sum(d.severity is Severity.WARNING for d in all_diagnostics),
+                    "unreadable": inputs.unreadable,
                 },
                 indent=2,
                 sort_keys=True,
@@ -123,9 +147,14 @@ def check(files: tuple[str, ...], output_format: str, color: bool | None, strict
     else:
         if all_diagnostics:
             click.echo(render_text(all_diagnostics, sources, _color(color)))
-        noun = "file" if len(files) == 1 else "files"
-        click.echo(f"checked {len(files)} {noun}: {summary_line(all_diagnostics)}")
-    sys.exit(EXIT_ERRORS if failed else EXIT_OK)
+        read = len(files) - len(inputs.unreadable)
+        noun = "file" if read == 1 else "files"
+        unread = f"{len(inputs.unreadable)} could not be read" if inputs.unreadable else ""
+        if read:
+            click.echo(f"checked {read} {noun}: {summary_line(all_diagnostics)}" + (f"; {unread}" if unread else ""))
+        else:
+            click.echo(f"checked nothing: {unread}")
+    sys.exit(EXIT_USAGE if inputs.unreadable else EXIT_ERRORS if failed else EXIT_OK)
 
 
 @main.command()
@@ -144,12 +173,14 @@ def fmt(files: tuple[str, ...], check_only: bool, diff: bool, color: bool | None
     import difflib
 
     failed = False
-    for path in files:
-        text, file = _read(path)
+    unwritable: list[str] = []
+    inputs = _Inputs(files)
+    for path, source, file in inputs:
+        text = source.original  # fmt keeps a BOM (docs/language.md, "Formatting")
         display = "<stdin>" if path == "-" else path
         formatted, diagnostics = format_source(text, display)
         if formatted is None:
-            click.echo(render_text(diagnostics, {display: text}, _color(color)), err=True)
+            click.echo(render_text(diagnostics, {display: source.text}, _color(color)), err=True)
             click.echo(f"flowc: {display} has syntax errors; not formatted", err=True)
             failed = True
             continue
@@ -167,9 +198,14 @@ def fmt(files: tuple[str, ...], check_only: bool, diff: bool, color: bool | None
             failed = True
         else:
             assert file is not None
-            file.write_text(formatted, encoding="utf-8")
+            try:
+                file.write_text(formatted, encoding="utf-8")
+            except OSError as error:
+                click.echo(f"flowc: cannot write {display}: {error.strerror}; it is unchanged", err=True)
+                unwritable.append(path)
+                continue
             click.echo(f"reformatted {display}", err=True)
-    sys.exit(EXIT_ERRORS if failed else EXIT_OK)
+    sys.exit(EXIT_USAGE if inputs.unreadable or unwritable else EXIT_ERRORS if failed else EXIT_OK)
 
 
 def _checked_program(file: str, color: bool | None):
@@ -233,7 +269,10 @@ def graph(file: str, picture: str, graph_name: str | None, output: str | None, c
         click.echo(f"flowc: {error}", err=True)
         sys.exit(EXIT_USAGE)
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise click.UsageError(f"cannot write {output}: {error.strerror}; choose a writable path for -o") from None
     else:
         click.echo(text, nl=False)
 
@@ -262,12 +301,20 @@ def build(file: str, out: str, targets: tuple[str, ...], color: bool | None) -> 
     """
     from flowc.codegen import TARGETS, build_bundle
 
+    if not out:
+        raise click.UsageError("-o needs a directory name, for example `-o build/bundle`")
     program = _checked_program(file, color)
     out_dir = Path(out)
-    _prepare_output(out_dir)
     chosen = TARGETS if "all" in targets else tuple(t for t in TARGETS if t in targets)
     bundle = build_bundle(program, Path(file), out_dir, chosen)
-    bundle.write(out_dir)
+    try:
+        _prepare_output(out_dir)
+        bundle.write(out_dir)
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename and str(error.filename) != out else ""
+        raise click.UsageError(
+            f"cannot write the bundle to {out}{where}: {error.strerror}; choose a writable directory for -o"
+        ) from None
     click.echo(f"wrote {out_dir}: {len(bundle.files)} files, {bundle.size:,} bytes ({', '.join(chosen)})")
 
 

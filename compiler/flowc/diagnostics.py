@@ -91,8 +91,27 @@ def render_text(
     color: bool = False,
 ) -> str:
     """Human-readable diagnostics with source excerpts; `sources` maps file names to text."""
-    blocks = [_render_one(d, sources, color) for d in diagnostics]
+    lines = _SourceLines(sources)
+    blocks = [_render_one(d, lines, color) for d in diagnostics]
     return "\n".join(blocks)
+
+
+class _SourceLines:
+    """Each source's lines, split once however many diagnostics quote it."""
+
+    def __init__(self, sources: Mapping[str, str]):
+        self._sources = sources
+        self._lines: dict[str, list[str]] = {}
+
+    def get(self, file: str) -> list[str] | None:
+        if file not in self._lines:
+            text = self._sources.get(file)
+            if text is None:
+                return None
+            # lines end at "\n" only, as spans count them (`splitlines` would also split at
+            # form feeds and U+2028, and the excerpt would show the wrong line)
+            self._lines[file] = [line.removesuffix("\r") for line in text.split("\n")]
+        return self._lines[file]
 
 
 def render_json(diagnostics: Iterable[Diagnostic]) -> str:
@@ -118,7 +137,7 @@ def _style(text: str, color: bool, **styles: object) -> str:
     return click.style(text, **styles)  # type: ignore[arg-type]
 
 
-def _render_one(d: Diagnostic, sources: Mapping[str, str], color: bool) -> str:
+def _render_one(d: Diagnostic, sources: _SourceLines, color: bool) -> str:
     sev_color = "red" if d.severity is Severity.ERROR else "yellow"
     head = (
         f"{d.span.file}:{d.span.line}:{d.span.column}: "
@@ -134,23 +153,46 @@ def _render_one(d: Diagnostic, sources: Mapping[str, str], color: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _excerpt(span: Span, text: str | None, color: bool, caret_color: str) -> list[str]:
-    if text is None:
+def _excerpt(span: Span, source_lines: list[str] | None, color: bool, caret_color: str) -> list[str]:
+    if source_lines is None:
         return []
-    source_lines = text.splitlines()
     if not 1 <= span.line <= len(source_lines):
-        if span.line == len(source_lines) + 1:  # end of input after a final newline
-            source_lines.append("")
-        else:
-            return []
+        return []
     line_text = source_lines[span.line - 1].expandtabs(1)
     gutter = str(span.line)
     start = span.column - 1
     end = span.end_column - 1 if span.end_line == span.line else len(line_text)
     width = max(1, end - start)
+    shown, start, width, clipped = _clip(line_text, start, width)
+    # control characters would move the caret or drive the terminal: one visible mark each
+    shown = "".join(c if c.isprintable() else "\ufffd" for c in shown)
     caret = " " * start + "^" * width
     pad = " " * len(gutter)
-    return [
-        f"  {gutter} | {line_text}",
+    lines = [
+        f"  {gutter} | {shown}",
         f"  {pad} | {_style(caret, color, fg=caret_color, bold=True)}",
     ]
+    if clipped:
+        lines.append(f"  {pad} | (line {span.line} is {len(line_text):,} characters long; {clipped})")
+    return lines
+
+
+# A source line longer than this is shown as a window around the caret (a minified or generated
+# file can hold megabytes on one line, and printing it whole drowns the message).
+MAX_EXCERPT = 160
+_CONTEXT = 60  # characters kept on each side of the caret
+_MAX_CARET = 40  # a longer caret is cut, so the context around it stays visible
+
+
+def _clip(line: str, start: int, width: int) -> tuple[str, int, int, str]:
+    """The part of `line` to print, the caret's start and width in it, and what was left out."""
+    if len(line) <= MAX_EXCERPT:
+        return line, start, width, ""
+    width = min(width, _MAX_CARET)
+    begin = max(0, start - _CONTEXT)
+    end = min(len(line), start + width + _CONTEXT)
+    head = "…" if begin > 0 else ""
+    tail = "…" if end < len(line) else ""
+    shown = head + line[begin:end] + tail
+    what = f"columns {begin + 1}-{end} shown"
+    return shown, start - begin + len(head), width, what

@@ -54,4 +54,4 @@ def test_hover_on_a_setting_explains_it(program):
     found = occurrences(program.root.ast)
     text = IMAGE_CHAT.read_text(encoding="utf-8")
     replicas = at(found, text.index("replicas 2") + 1)
-    assert answers.hover(program, replicas) == "`replicas`: number of replicas.\n\nTakes a whole number."
+    assert answers.hover(program, replicas) == "`replicas`: number of replicas.\n\nTakes a whole number, 1 to 1024."

@@ -369,3 +369,134 @@ graph g {
 """
     take = plan_of(text).graphs["g"].nodes["sink.take"].groups[0]
     assert (take.routing, slots(take)) == ("direct", [("b.run", "x", True, False)])
+
+
+SHARED_ENTRY = """
+placeholder request: Json
+
+role echo {
+    impl "m:Echo"
+    interface run { in request  out reply: Json }
+}
+
+role listen {
+    impl "m:Listen"
+    interface run { in request  out heard: Json }
+}
+
+graph talk {
+    entry  request
+    return reply
+}
+
+graph wait {
+    entry  request
+    return heard
+}
+"""
+
+
+def test_a_graph_plans_only_the_roles_its_outputs_need():
+    plan = plan_of(SHARED_ENTRY)
+    talk, wait = plan.graphs["talk"], plan.graphs["wait"]
+    # `talk`'s entry reaches `listen` too, but nothing `talk` returns depends on it
+    assert sorted(talk.nodes) == ["$request", "@talk", "echo.run"]
+    assert [t.node for t in talk.nodes["$request"].control["request"]] == ["echo.run"]
+    assert talk.unreachable == ("listen.run",)
+    assert sorted(wait.nodes) == ["$request", "@wait", "listen.run"]
+    assert wait.unreachable == ("echo.run",)
+
+
+FEEDERS = """
+placeholder request: Json
+placeholder extra: Json
+
+role split {
+    impl "m:Split"
+    interface run { in request  out left: Json, right: Json, aside: Json }
+}
+
+role left {
+    impl "m:Left"
+    interface run { in left  out l: Json }
+}
+
+role right {
+    impl "m:Right"
+    interface run { in right  out stream r: Json }
+}
+
+role pair {
+    impl "m:Pair"
+    interface run { in l & left  out paired: Json }
+}
+
+role gather {
+    impl "m:Gather"
+    interface run {
+        join { paired: 1, r: all }
+        out result: Json
+    }
+}
+
+role side {
+    impl "m:Side"
+    interface run { in aside  out noted: Json }
+}
+
+role late {
+    impl "m:Late"
+    interface run { in noted | noted & extra  out later: Json }
+}
+
+role helper {
+    impl "m:Helper"
+    interface run { in request  out hint: Json }
+}
+
+role answer {
+    impl "m:Answer"
+    interface run { in result | hint & extra  out final: Json }
+}
+
+graph main {
+    entry  request
+    return final
+}
+
+graph full {
+    entry  request, extra
+    return final, later
+}
+"""
+
+
+def test_feeders_of_contributing_buckets_and_joins_contribute():
+    plan = plan_of(FEEDERS)
+    main = plan.graphs["main"]
+    # every producer feeding a contributing bucket or join is kept, with the same slots and
+    # `all` upstream set as when nothing is pruned; `side`/`late` feed no output of `main`, and
+    # `helper` feeds only `hint & extra`, which cannot fire without `extra`
+    assert sorted(main.nodes) == [
+        "$request", "@main", "answer.run", "gather.run", "left.run", "pair.run", "right.run", "split.run",
+    ]  # fmt: skip
+    assert main.unreachable == ("helper.run", "late.run", "side.run")
+    pair = main.nodes["pair.run"].groups[0]
+    assert (pair.routing, pair.root) == ("bucket", "split.run")
+    assert sorted(s.producer for s in pair.slots) == ["left.run", "split.run"]
+    (paired, r) = main.nodes["gather.run"].join
+    assert r.upstream == ("$request", "right.run", "split.run")
+    assert [g.routing for g in main.nodes["answer.run"].groups] == ["direct", "dead"]
+    assert main.nodes["answer.run"].groups[1].missing == ("extra",)
+    assert set(main.nodes["split.run"].control) == {"aside", "left", "right"}
+    assert main.nodes["split.run"].control["aside"] == ()
+    # every control target and every node an `all` waits for is in the plan
+    for node in main.nodes.values():
+        for targets in node.control.values():
+            assert all(t.node == "caller" or t.node in main.nodes for t in targets)
+        for join in node.join or ():
+            assert set(join.upstream) <= set(main.nodes)
+    # where both graphs need them, the same roles are all there
+    full = plan.graphs["full"]
+    assert {"side.run", "late.run", "helper.run"} <= set(full.nodes)
+    assert full.nodes["pair.run"].groups == main.nodes["pair.run"].groups

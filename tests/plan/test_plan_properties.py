@@ -23,6 +23,9 @@ class Pipeline:
     stream: list[bool]
     groups: list[list[list[str]]]  # per node: OR groups of fields
 
+    def fields(self) -> list[str]:
+        return sorted({f for outs in self.outputs for f in outs})
+
     def node(self, i: int) -> str:
         return f"r{i}.run"
 
@@ -31,7 +34,7 @@ class Pipeline:
             return [REQUEST]
         return [self.node(i) for i, outs in enumerate(self.outputs) if field in outs]
 
-    def text(self) -> str:
+    def text(self, returned: list[str] | None = None) -> str:
         lines = ["placeholder request: Json", ""]
         for i, outs in enumerate(self.outputs):
             groups = " | ".join(" & ".join(g) for g in self.groups[i])
@@ -46,7 +49,7 @@ class Pipeline:
                 "}",
                 "",
             ]
-        returned = sorted({f for outs in self.outputs for f in outs})
+        returned = returned or self.fields()
         lines += ["graph g {", "    entry  request", f"    return {', '.join(returned)}", "}", ""]
         return "\n".join(lines)
 
@@ -152,6 +155,42 @@ def test_random_dags_match_the_reference(pipeline):
 @given(pipelines(back_edges=True))
 def test_random_graphs_with_back_edges_match_the_reference(pipeline):
     check_against_reference(pipeline)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.data(), st.booleans())
+def test_a_graph_plans_exactly_the_nodes_on_a_path_to_what_it_returns(data, back_edges):
+    pipeline = data.draw(pipelines(back_edges=back_edges))
+    returned = data.draw(st.lists(st.sampled_from(pipeline.fields()), min_size=1, unique=True))
+    everything = check_source(pipeline.text(), "random.flow")
+    assume(everything.ok)
+    result = check_source(pipeline.text(returned), "random.flow")
+    assume(not any(d.code == "E204" for d in result.diagnostics))  # a loop left with no exit
+    assert result.ok, [f"{d.code} {d.message}" for d in result.diagnostics]
+    graph = reference_graph(pipeline)
+    needed = {START}
+    for f in returned:
+        for producer in pipeline.producers(f):
+            needed |= {producer, *nx.ancestors(graph, producer)}
+    full = build_plan(everything.program).graphs["g"]
+    plan = build_plan(result.program).graphs["g"]
+    event(f"pruned: {len(needed) < len(full.nodes)}")
+    assert set(plan.nodes) == needed
+    assert set(plan.unreachable) == set(full.nodes) - needed
+    assert any(d.code == "W210" for d in result.diagnostics) == (len(needed) < len(full.nodes))
+    for node_id in needed:
+        kept, whole = plan.nodes[node_id], full.nodes[node_id]
+        # a node that stays is planned as if nothing were pruned: the same slots, roots and loops
+        assert (kept.groups, kept.join, kept.in_cycle, kept.order_source) == (
+            whole.groups,
+            whole.join,
+            whole.in_cycle,
+            whole.order_source,
+        )
+        assert set(kept.carried_roots) <= set(whole.carried_roots)
+        for name, targets in kept.control.items():
+            expected = tuple(t for t in whole.control[name] if t.node in needed or (t.node == "caller" and name in returned))
+            assert targets == expected
 
 
 def test_reference_root_on_a_known_diamond():

@@ -17,6 +17,7 @@ from flowc.check.registry import CODES, run_checks
 from flowc.check.resolve import build_program
 from flowc.diagnostics import Diagnostic, Report, Severity
 from flowc.gcpause import gc_paused
+from flowc.sources import read_source
 
 
 @dataclass
@@ -51,8 +52,7 @@ def _check(text: str, display: str, path: Path | None) -> CheckResult:
 
 def check_file(path: Path, display: str | None = None) -> CheckResult:
     """Check the file at `path`; raises OSError/UnicodeDecodeError if it cannot be read."""
-    text = path.read_text(encoding="utf-8")
-    return check_source(text, display or str(path), path)
+    return check_source(read_source(path).text, display or str(path), path)
 
 
 __all__ = ["CODES", "CheckResult", "Program", "check_file", "check_source"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from flowc.check.model import ModuleInfo
 from flowc.diagnostics import Diagnostic, Note
+from flowc.sources import read_source
 from flowc.syntax import ast, parse
 
 STDLIB_PREFIX = "<stdlib>"
@@ -92,14 +93,15 @@ class _Loader:
             if key in self.done:
                 return self.done[key]
             try:
-                text = candidate.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as error:
+                text = read_source(candidate).text
+            except UnicodeDecodeError as error:
+                message = f"`{display}` is not UTF-8 text ({error.reason} at byte {error.start})"
+                self.diagnostics.append(Diagnostic("E103", message, decl.span, f"save `{display}` as UTF-8"))
+                return None
+            except OSError as error:
                 self.diagnostics.append(
                     Diagnostic(
-                        "E103",
-                        f"cannot read `{display}`: {error}",
-                        decl.span,
-                        "check the file's permissions and encoding (UTF-8)",
+                        "E103", f"cannot read `{display}`: {error.strerror or error}", decl.span, "check the file's permissions"
                     )
                 )
                 return None

@@ -31,12 +31,41 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True)
 class Key:
+    """One setting. A number must lie in [minimum, maximum]; with `positive` it must also be
+    above 0 (a timeout of 0s would cancel every call at once)."""
+
     name: str
     kind: Kind
     doc: str
     minimum: float | None = None
     choices: tuple[str, ...] = ()
     block: Schema | None = None
+    maximum: float | None = None
+    positive: bool = False
+
+    @property
+    def range_text(self) -> str | None:
+        """The accepted range in the user's units, e.g. "1 to 1024" or "more than 0s, at most 24h"."""
+        low = "more than 0" + ("s" if self.kind is Kind.DURATION else "") if self.positive else None
+        if low is None and self.minimum is not None:
+            low = f"at least {self.show(self.minimum)}"
+        high = f"at most {self.show(self.maximum)}" if self.maximum is not None else None
+        if low and high and low.startswith("at least"):
+            return f"{self.show(self.minimum)} to {self.show(self.maximum)}"
+        return ", ".join(p for p in (low, high) if p) or None
+
+    @property
+    def described(self) -> str:
+        """The doc with the range, as hints and hovers show it."""
+        return f"{self.doc} ({self.range_text})" if self.range_text else self.doc
+
+    def show(self, value: float) -> str:
+        """A bound in the units the user writes (`24h`, `1024TiB`)."""
+        if self.kind is Kind.DURATION:
+            return _duration(value)
+        if self.kind is Kind.SIZE:
+            return _size(value)
+        return _number(value)
 
 
 @dataclass(frozen=True)
@@ -53,11 +82,21 @@ LB_POLICIES = ("round_robin", "session", "broadcast", "load_aware")
 DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3", "int8")
 TIERS = ("device", "host", "disk")
 
+# The bounds of resource settings (docs/language.md, "Limits"). They are generous for real
+# deployments and catch the typo that would make the runtime allocate for ever or cancel at once.
+MAX_REPLICAS = 1024  # replicas of one role: each is a process or actor with its own state
+MAX_GPUS = 1024  # GPUs of one replica (a replica may span `nodes` machines)
+MAX_NODES = 128  # machines spanned by one replica
+MAX_BATCH = 65536  # activations handed to a role at once
+MAX_BATCH_WAIT_S = 60.0  # a batch that waits longer for company is a stalled call
+MAX_TIMEOUT_S = 24 * 3600.0  # a longer limit is no limit: leave `timeout` out instead
+_TIMEOUT = {"positive": True, "maximum": MAX_TIMEOUT_S}
+
 BATCH = Schema(
     "a `batch` block",
     (
-        Key("max", Kind.INT, "largest batch the role is given", minimum=1),
-        Key("wait", Kind.DURATION, "longest time a request waits for a batch to fill", minimum=0),
+        Key("max", Kind.INT, "largest batch the role is given", minimum=1, maximum=MAX_BATCH),
+        Key("wait", Kind.DURATION, "longest time a request waits for a batch to fill", minimum=0, maximum=MAX_BATCH_WAIT_S),
     ),
 )
 
@@ -65,46 +104,46 @@ ROLE = Schema(
     "a role",
     (
         Key("impl", Kind.STRING, 'the Python class implementing the interfaces, "module:Class"'),
-        Key("replicas", Kind.INT, "number of replicas", minimum=1),
+        Key("replicas", Kind.INT, "number of replicas", minimum=1, maximum=MAX_REPLICAS),
         Key("lb", Kind.NAME, "replica selection policy", choices=LB_POLICIES),
-        Key("gpus", Kind.INT, "GPUs owned by each replica", minimum=0),
-        Key("nodes", Kind.INT, "machines spanned by each replica", minimum=1),
+        Key("gpus", Kind.INT, "GPUs owned by each replica", minimum=0, maximum=MAX_GPUS),
+        Key("nodes", Kind.INT, "machines spanned by each replica", minimum=1, maximum=MAX_NODES),
         Key("uses", Kind.NAMES, "session-scoped globals the role reads and writes"),
         Key("batch", Kind.BLOCK, "batching of requests to this role", block=BATCH),
-        Key("timeout", Kind.DURATION, "default timeout of the role's interfaces", minimum=0),
+        Key("timeout", Kind.DURATION, "default timeout of the role's interfaces", **_TIMEOUT),
     ),
 )
 
 INTERFACE = Schema(
     "an interface",
     (
-        Key("timeout", Kind.DURATION, "time one activation may take before the call is cancelled", minimum=0),
+        Key("timeout", Kind.DURATION, "time one activation may take before the call is cancelled", **_TIMEOUT),
         Key("batch", Kind.BLOCK, "batching of this interface's activations", block=BATCH),
     ),
 )
 
 GRAPH = Schema(
     "a graph",
-    (Key("timeout", Kind.DURATION, "time one call of the graph may take before it is cancelled", minimum=0),),
+    (Key("timeout", Kind.DURATION, "time one call of the graph may take before it is cancelled", **_TIMEOUT),),
 )
 
 GLOBAL_KINDS: dict[str, Schema] = {
     "KVCache": Schema(
         "a `KVCache` global",
         (
-            Key("layers", Kind.INT, "transformer layers stored", minimum=1),
-            Key("page_tokens", Kind.INT, "tokens per KV page", minimum=1),
+            Key("layers", Kind.INT, "transformer layers stored", minimum=1, maximum=1024),
+            Key("page_tokens", Kind.INT, "tokens per KV page", minimum=1, maximum=65536),
             Key("slices", Kind.NAMES, "slices stored per layer, e.g. [k, v]"),
-            Key("heads", Kind.INT, "KV heads per layer", minimum=1),
-            Key("head_dim", Kind.INT, "size of one head", minimum=1),
+            Key("heads", Kind.INT, "KV heads per layer", minimum=1, maximum=1024),
+            Key("head_dim", Kind.INT, "size of one head", minimum=1, maximum=65536),
             Key("dtype", Kind.NAME, "element type", choices=DTYPES),
-            Key("capacity", Kind.SIZE, "pool capacity", minimum=1),
+            Key("capacity", Kind.SIZE, "pool capacity", minimum=1, maximum=2**50),
             Key("tiers", Kind.NAMES, "storage tiers, fastest first", choices=TIERS),
         ),
     ),
     "History": Schema(
         "a `History` global",
-        (Key("max_turns", Kind.INT, "turns kept per session", minimum=1),),
+        (Key("max_turns", Kind.INT, "turns kept per session", minimum=1, maximum=1_000_000),),
     ),
     "Params": Schema(
         "a `Params` global",
@@ -188,18 +227,28 @@ def _convert(setting: ast.Setting, key: Key, problems: list[Diagnostic]) -> Scal
     if key.choices and converted not in key.choices:
         problems.append(_bad_choice(value, str(converted), key))
         return None
-    if key.minimum is not None and isinstance(converted, (int, float)) and converted < key.minimum:
-        shown = value.text if isinstance(value, (ast.DurationValue, ast.SizeValue)) else converted
-        problems.append(
-            Diagnostic(
-                "E123",
-                f"`{key.name}` must be at least {_number(key.minimum)}, not {shown}",
-                value.span,
-                f"{key.name}: {key.doc}",
-            )
-        )
-        return None
+    if isinstance(converted, (int, float)) and not isinstance(converted, bool):
+        problem = _out_of_range(value, converted, key)
+        if problem is not None:
+            problems.append(problem)
+            return None
     return converted
+
+
+def _out_of_range(value: ast.Value, number: float, key: Key) -> Diagnostic | None:
+    shown = value.text if isinstance(value, (ast.DurationValue, ast.SizeValue)) else _number(number)
+    if key.positive and number <= 0:
+        bound = "more than 0s" if key.kind is Kind.DURATION else "more than 0"
+    elif key.minimum is not None and number < key.minimum:
+        bound = f"at least {key.show(key.minimum)}"
+    elif key.maximum is not None and number > key.maximum:
+        bound = f"at most {key.show(key.maximum)}"
+    else:
+        return None
+    hint = f"{key.name}: {key.described}"
+    if key.positive and key.kind is Kind.DURATION:
+        hint += f"; leave `{key.name}` out for no limit"
+    return Diagnostic("E123", f"`{key.name}` must be {bound}, not {shown}", value.span, hint)
 
 
 def _scalar(value: ast.Value, key: Key) -> Scalar | None:
@@ -257,7 +306,7 @@ def _describe_value(value: ast.Value) -> str:
 
 def _wrong_kind(setting: ast.Setting, key: Key) -> Diagnostic:
     value = setting.values[0]
-    hint = f"{key.name}: {key.doc}"
+    hint = f"{key.name}: {key.described}"
     if key.kind is Kind.DURATION and isinstance(value, (ast.IntValue, ast.FloatValue)):
         hint = f"add a unit: `{_describe_value(value).split('`')[1]}s` or `{_describe_value(value).split('`')[1]}ms`"
     if key.kind is Kind.NAME and isinstance(value, ast.StringValue) and key.choices:
@@ -281,3 +330,17 @@ def _bad_choice(value: ast.Value, name: str, key: Key) -> Diagnostic:
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1), ("ms", 1e-3)):
+        if seconds >= size and float(seconds / size).is_integer():
+            return f"{int(seconds / size)}{unit}"
+    return f"{_number(seconds)}s"
+
+
+def _size(size: float) -> str:
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= factor and float(size / factor).is_integer():
+            return f"{int(size / factor)}{unit}"
+    return f"{_number(size)} byte" + ("" if size == 1 else "s")

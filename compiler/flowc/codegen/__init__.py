@@ -68,7 +68,12 @@ def source_hash(program: Program) -> str:
 
 
 def build_bundle(program: Program, source: Path, out: Path, targets: tuple[str, ...] = TARGETS) -> Bundle:
-    """Render the bundle for `program` (read from `source`) to be written at `out`."""
+    """Render the bundle for `program` (read from `source`) to be written at `out`.
+
+    `source` and `out` may be spelled any way (relative to any working directory, absolute,
+    through symlinked directories): the bundle depends only on the real places they name.
+    """
+    source_dir = _real_directory(source)
     plan = build_plan(program)
     plan_data = plan.as_json()
     header = views.Header(__version__, source.name, plan.flow)
@@ -95,7 +100,7 @@ def build_bundle(program: Program, source: Path, out: Path, targets: tuple[str, 
             "flowc_version": __version__,
             "source": {"file": source.name, "sha256": digest, "modules": [m.name for m in program.modules]},
             # impl modules are imported with the .flow file's directory and its parent on the path
-            "python_path": sorted({_relative(source.parent, out), _relative(source.parent.parent, out)}),
+            "python_path": sorted({_relative(source_dir, out), _relative(source_dir.parent, out)}),
             "graphs": {name: views.graph_summary(g) for name, g in plan.graphs.items()},
             "roles": {name: {"impl": r.impl, "module": f"nodes/{name}.py"} for name, r in plan.roles.items()},
             "targets": sorted(targets),
@@ -109,8 +114,18 @@ def _json(data: object) -> str:
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def _real_directory(source: Path) -> Path:
+    """The directory holding `source` as named, with `..` and symlinked directories resolved.
+
+    The file itself is not followed: a symlinked .flow file imports its modules from beside the
+    link (as `import` does), so its roles are looked for there too. Resolving first matters:
+    `Path("pipeline.flow").parent.parent` is `.`, not the parent directory.
+    """
+    return source.absolute().parent.resolve()
+
+
 def _relative(directory: Path, out: Path) -> str:
-    return Path(os.path.relpath(directory.resolve(), out.resolve())).as_posix()
+    return Path(os.path.relpath(directory, out.resolve())).as_posix()
 
 
 __all__ = ["TARGETS", "Bundle", "build_bundle", "render", "source_hash"]

@@ -5,7 +5,12 @@ An edge carries one field from a producer into one OR group (`group`) of a consu
 a single group 0. A node is *live* in a graph when it can ever fire there: an OR group is live
 when every field of it has a live producer (a join when every counted field does); liveness is a
 fixpoint from the graph's entry placeholders, so loops that start from a live branch are live.
-The start node dominates everything live; `dominates(m, n)` answers "does every path to n pass m".
+A live node *contributes* when a frame it sends can reach a node that produces one of the
+graph's streamed or returned fields (over edges into groups that can fire); a call runs only the
+contributing nodes, so calling one graph never runs the roles of another that its entry also
+reaches. `contributing_ir()` is that restriction, the IR the plan is built from; the checks read
+the full live IR. The start node dominates everything live; `dominates(m, n)` answers "does every
+path to n pass m".
 """
 
 from __future__ import annotations
@@ -57,6 +62,17 @@ class GraphIR:
     digraph: nx.DiGraph  # live nodes, one arc per producer->consumer pair
     inbound: dict[str, list[Edge]]  # live edges by target
     outbound: dict[str, list[Edge]]  # live edges by source
+    contributing: set[str] = field(default_factory=set)  # live nodes on a path to an output (and the start)
+    reached: set[str] = field(default_factory=set)  # every live node, also in the contributing view
+
+    def contributing_ir(self) -> GraphIR:
+        """This graph restricted to its contributing nodes and the edges that carry frames
+        between them. Every producer feeding a contributing node contributes too, so buckets,
+        joins' `all` upstream sets and dominators are those of the full IR, except that an edge
+        into an OR group that can never fire (which carries nothing) no longer counts as a path."""
+        keep = self.contributing
+        carrying = [e for e in _carrying_edges(self.nodes, self.edges, self.live) if e.source in keep and e.target in keep]
+        return _assemble(self.name, self.info, self.start, self.nodes, self.edges, keep, carrying, self.live)
 
     @functools.cached_property
     def _all_inbound(self) -> dict[str, list[Edge]]:
@@ -124,6 +140,15 @@ class GraphIR:
         return current
 
 
+def cycles(digraph: nx.DiGraph) -> list[tuple[str, ...]]:
+    """Strongly connected components that contain a loop, each sorted, in sorted order."""
+    found = []
+    for component in nx.strongly_connected_components(digraph):
+        if len(component) > 1 or any(digraph.has_edge(n, n) for n in component):
+            found.append(tuple(sorted(component)))
+    return sorted(found)
+
+
 def interface_id(info: InterfaceInfo) -> str:
     return info.qualname
 
@@ -139,15 +164,24 @@ def build_graph_ir(program: Program, graph: GraphInfo) -> GraphIR:
     edges = _edges(program, graph, nodes, start)
     live = _liveness(nodes, edges, start)
     live_edges = [e for e in edges if e.source in live and e.target in live]
+    ir = _assemble(graph.name, graph, start, nodes, edges, live, live_edges, live)
+    outputs = {c.field.name.text for c in graph.streams} | {r.name.text for r in graph.returns}
+    ir.contributing = _contributing(nodes, _carrying_edges(nodes, edges, live), live, start, outputs)
+    return ir
+
+
+def _assemble(name, info, start, nodes, edges, members: set[str], member_edges: list[Edge], reached: set[str]) -> GraphIR:
     inbound: dict[str, list[Edge]] = defaultdict(list)
     outbound: dict[str, list[Edge]] = defaultdict(list)
     digraph = nx.DiGraph()
-    digraph.add_nodes_from(sorted(live))
-    for e in live_edges:
+    digraph.add_nodes_from(sorted(members))
+    for e in member_edges:
         inbound[e.target].append(e)
         outbound[e.source].append(e)
         digraph.add_edge(e.source, e.target)
-    return GraphIR(graph.name, graph, start, nodes, edges, live, digraph, dict(inbound), dict(outbound))
+    ir = GraphIR(name, info, start, nodes, edges, members, digraph, dict(inbound), dict(outbound))
+    ir.contributing, ir.reached = set(members), reached
+    return ir
 
 
 def _interface_node(program: Program, info: InterfaceInfo) -> Node:
@@ -207,6 +241,44 @@ def _liveness(nodes: dict[str, Node], edges: list[Edge], start: str) -> set[str]
                 live.add(target)
                 work.append(target)
     return live
+
+
+def _carrying_edges(nodes: dict[str, Node], edges: list[Edge], live: set[str]) -> list[Edge]:
+    """The live edges a frame can travel: an edge into an OR group that can never fire here
+    (a field of it has no live producer) carries nothing, so it makes no path."""
+    inbound: dict[str, list[Edge]] = defaultdict(list)
+    for e in edges:
+        inbound[e.target].append(e)
+    firing: dict[tuple[str, int], bool] = {}
+    carrying = []
+    for e in edges:
+        if e.source not in live or e.target not in live:
+            continue
+        node = nodes[e.target]
+        if node.kind == "interface" and node.join is None:
+            key = (e.target, e.group)
+            if key not in firing:
+                firing[key] = set(node.groups[e.group]) <= live_fields(node, inbound[e.target], live, e.group)
+            if not firing[key]:
+                continue
+        carrying.append(e)
+    return carrying
+
+
+def _contributing(nodes: dict[str, Node], carrying: list[Edge], live: set[str], start: str, outputs: set[str]) -> set[str]:
+    """The start and every live node with a path to a producer of one of `outputs`."""
+    producers: dict[str, set[str]] = defaultdict(set)
+    for e in carrying:
+        producers[e.target].add(e.source)
+    found = {start}
+    work = sorted(n for n in live if nodes[n].kind == "interface" and outputs.intersection(nodes[n].outputs))
+    found.update(work)
+    while work:
+        for source in producers.get(work.pop(), ()):
+            if source not in found:
+                found.add(source)
+                work.append(source)
+    return found
 
 
 def live_fields(node: Node, inbound: list[Edge], live: set[str], group: int) -> set[str]:

@@ -97,7 +97,7 @@ def _key_hover(occurrence: Occurrence) -> str | None:
     key = _schema_for(occurrence.context).by_name.get(occurrence.name)
     if key is None:
         return None
-    text = f"`{key.name}`: {key.doc}.\n\nTakes {key.kind.value}."
+    text = f"`{key.name}`: {key.doc}.\n\nTakes {key.kind.value}" + (f", {key.range_text}." if key.range_text else ".")
     if key.choices:
         text += " One of " + ", ".join(f"`{c}`" for c in key.choices) + "."
     return text

@@ -1,6 +1,7 @@
 """Building the `StaticPlan` from a checked program (semantics: DESIGN §4, Omni-Flow §3.2–3.5).
 
-Per graph and per live interface:
+Per graph and per contributing interface (live, and on a path to a streamed or returned field;
+the others never run in the graph and are listed as `unreachable`):
 - each OR group is routed `direct` (one direct predecessor: fire per frame), `bucket` (two or
   more: synchronise), `join` (activate by count: one bucket per call) or `dead` (can never fire);
 - a bucket's diamond root is the nearest common dominator of its direct predecessors, i.e. the
@@ -24,6 +25,7 @@ import networkx as nx
 from flowc.check import schema
 from flowc.check.model import Program
 from flowc.ir import GraphIR, graph_irs
+from flowc.ir.graph import cycles, live_fields
 from flowc.plan.model import (
     GraphOutput,
     GraphPlan,
@@ -83,17 +85,10 @@ def _role(program: Program, name: str) -> RolePlan:
     )
 
 
-def cycles(ir: GraphIR) -> list[tuple[str, ...]]:
-    """Strongly connected components that contain a loop, each sorted, in sorted order."""
-    found = []
-    for component in nx.strongly_connected_components(ir.digraph):
-        if len(component) > 1 or any(ir.digraph.has_edge(n, n) for n in component):
-            found.append(tuple(sorted(component)))
-    return sorted(found)
-
-
-def plan_graph(ir: GraphIR) -> GraphPlan:
-    sccs = cycles(ir)
+def plan_graph(full: GraphIR) -> GraphPlan:
+    """The plan of one graph: only its contributing nodes (a node no output depends on never runs)."""
+    ir = full.contributing_ir()
+    sccs = cycles(ir.digraph)
     in_cycle = {n for component in sccs for n in component}
     groups = {n: _groups(ir, n) for n in sorted(ir.live) if n != ir.start}
     roots = {g.root for plans in groups.values() for g in plans if g.root}
@@ -147,7 +142,9 @@ def _groups(ir: GraphIR, node_id: str) -> list[GroupPlan]:
         if node.join is not None:
             routing, root = "join", None
         elif any(f not in per_field for f in fields):
-            plans.append(GroupPlan(index, tuple(fields), "dead", (), None, tuple(f for f in fields if f not in per_field)))
+            # the IR keeps no edges into a group that cannot fire: name the fields no live node produces
+            arriving = live_fields(node, ir.inbound_all(node_id), ir.reached, index)
+            plans.append(GroupPlan(index, tuple(fields), "dead", (), None, tuple(f for f in fields if f not in arriving)))
             continue
         elif len(producers) >= 2:
             routing, root = "bucket", ir.common_dominator(producers)

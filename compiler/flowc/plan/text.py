@@ -29,7 +29,7 @@ def _graph(graph: GraphPlan) -> list[str]:
     for source, target, field in graph.back_edges:
         lines.append(f"  back edge: {source} -[{field}]-> {target}")
     if graph.unreachable:
-        lines.append(f"  never fires here: {', '.join(graph.unreachable)}")
+        lines.append(f"  never runs here: {', '.join(graph.unreachable)}")
     return lines
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -87,6 +88,67 @@ def _block_label(masked: str, offset: int, opener: str) -> str:
     return f"{head.group(1)} {head.group(2)}" if head.group(1) else head.group(3)
 
 
+# Keywords after which a name is declared: a keyword there was meant as the name.
+_NAMING_KEYWORDS = frozenset(
+    {"flow", "import", "type", "placeholder", "global", "role", "interface", "graph", "share", "with", "from"}
+)
+# Clause keywords that take names, and what they take.
+_NEEDS_NAMES = {
+    "entry": "one or more placeholder names",
+    "return": "one or more field names",
+    "stream": "a field name",
+    "in": "one or more field names",
+    "out": "one or more `name: Type` fields",
+}
+# Keywords that cannot appear directly in a kind of block: the LALR tables share the states
+# after a setting between roles, interfaces and graphs, so their expected sets offer them all.
+_NOT_IN_BLOCK = {
+    "role": {"ENTRY", "STREAM", "ORDERED", "RETURN", "IN", "OUT", "JOIN"},
+    "interface": {"ENTRY", "ORDERED", "RETURN", "INTERFACE", "SHARE"},
+    "graph": {"IN", "OUT", "JOIN", "INTERFACE", "SHARE"},
+}
+
+
+def _possible_here(expected: set[str], innermost: OpenBlock | None, blocks: list[OpenBlock]) -> set[str]:
+    """`expected` less what cannot follow in this block (LALR states are shared by every
+    block that takes settings, so their expected sets mix roles, interfaces and graphs)."""
+    kind = innermost.label.split(" ")[0] if innermost is not None else ""
+    narrowed = set(expected) - _NOT_IN_BLOCK.get(kind, set())
+    if not any(b.opener == "[" for b in blocks):
+        narrowed.discard("RSQB")
+    return narrowed or expected
+
+
+def _next_char(text: str, offset: int) -> str:
+    rest = text[offset : offset + 200].lstrip()
+    return rest[:1]
+
+
+def _character_hint(text: str, offset: int) -> str | None:
+    char = text[offset]
+    before = text[offset - 1] if offset > 0 else ""
+    after = text[offset + 1] if offset + 1 < len(text) else ""
+    if char == ";":
+        return "statements need no separator; remove the `;`"
+    if char == "'":
+        return 'strings use double quotes: "..."'
+    if char == "/" and after in "/*":
+        return "comments start with `#` and run to the end of the line"
+    if char == "-" and after.isdigit() and not (before.isalnum() or before == "_"):
+        return "numbers in .flow files are never negative"
+    if char == "-" and (before.isalnum() or before == "_"):
+        return "names hold ASCII letters, digits and `_`, not `-`: use `_`"
+    if char == "\ufeff":
+        return "remove the invisible byte-order mark: it is allowed only at the very start of the file"
+    if char.isalpha() or char.isdigit():  # a letter or digit outside ASCII
+        return f"names hold ASCII letters, digits and `_`; `{char}` may appear only in strings and comments"
+    if unicodedata.category(char) == "Cc":  # NUL, ESC, ...: binary data, not text
+        return f"delete the control character U+{ord(char):04X}; is this a .flow text file?"
+    if not char.isprintable() or char.isspace():
+        return f"delete the invisible character U+{ord(char):04X} (copied from a web page or a word processor?)"
+    return None
+
+
 def declaration_region(masked: str, offset: int) -> tuple[int, int]:
     """The extent of the top-level declaration holding `offset`, by declarations starting a line.
 
@@ -105,6 +167,7 @@ def declaration_region(masked: str, offset: int) -> tuple[int, int]:
 
 class SyntaxErrorTranslator:
     def __init__(self, lark: Lark):
+        self._lark = lark
         self._words = {t.name: f"`{t.pattern.value}`" for t in lark.terminals if t.pattern.type == "str"}
         self._words.update(_REGEX_WORDS)
         self._keywords = {t.pattern.value for t in lark.terminals if t.pattern.type == "str" and t.pattern.value.isalpha()}
@@ -128,14 +191,8 @@ class SyntaxErrorTranslator:
             line_end = len(text) if line_end < 0 else line_end
             span = Span(file, offset, line_end, span.line, span.column, span.line, span.column + line_end - offset)
             return Diagnostic("E002", "unterminated string", span, hint='close the string with `"` on the same line')
-        hints = {
-            ";": "statements need no separator; remove the `;`",
-            "/": "comments start with `#`",
-            "'": 'strings use double quotes: "..."',
-            "-": "numbers in .flow files are never negative",
-        }
-        shown = char if char.isprintable() and not char.isspace() else repr(char)
-        return Diagnostic("E003", f"unexpected character `{shown}`", span, hint=hints.get(char))
+        shown = f"`{char}`" if char.isprintable() and not char.isspace() else f"U+{ord(char):04X} (invisible)"
+        return Diagnostic("E003", f"unexpected character {shown}", span, hint=_character_hint(text, offset))
 
     def _unexpected(self, token: Token | None, expected: set[str], file: str, text: str, masked: str) -> Diagnostic:
         if token is None:
@@ -160,8 +217,10 @@ class SyntaxErrorTranslator:
             notes = (Note(opened, f"`{innermost.label}` opened here"),)
             return Diagnostic("E001", message, span, hint=f"add `}}` to end `{innermost.label}`", notes=notes)
         where = f" in `{innermost.label}`" if innermost is not None else ""
+        expected = _possible_here(expected, innermost, open_blocks(masked, offset))
         message = f"unexpected {what}{where}; expected {self._expected_words(expected)}"
-        return Diagnostic("E001", message, span, hint=self._hint(token, expected))
+        before = self._token_before(masked, offset) if token is not None else None
+        return Diagnostic("E001", message, span, hint=self._hint(token, expected, before, masked))
 
     def _starts_declaration(self, token: Token) -> bool:
         return str(token) in DECL_KEYWORDS or str(token) == "interface"
@@ -188,16 +247,60 @@ class SyntaxErrorTranslator:
             return ", ".join(words[:-1]) + " or " + words[-1]
         return words[0] if words else "something else"
 
-    def _hint(self, token: Token | None, expected: set[str]) -> str | None:
+    def _token_before(self, masked: str, offset: int) -> Token | None:
+        """The last token before `offset`, lexed again from the start of its declaration."""
+        begin, _ = declaration_region(masked, offset)
+        last = None
+        try:
+            for last in self._lark.lex(masked[begin:offset]):  # noqa: B007 - only the last one is wanted
+                pass
+        except UnexpectedInput:  # pragma: no cover - the parser read this text already
+            return None
+        if last is None:
+            return None
+        return Token(last.type, last.value, start_pos=begin + last.start_pos)  # positions in the whole text
+
+    def _hint(self, token: Token | None, expected: set[str], before: Token | None, masked: str) -> str | None:
         if token is None:
             return None
+        word, previous = str(token), str(before) if before is not None else ""
         wanted = [self._words[n].strip("`") for n in expected if n in self._words and self._words[n].strip("`") in self._keywords]
         if token.type == "NAME" and wanted:
-            close = difflib.get_close_matches(str(token), wanted, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(word, wanted, n=1, cutoff=0.6)
             if close:
                 return f"did you mean `{close[0]}`?"
-        if str(token) in _CLAUSE_KEYWORDS and "INTERFACE" in expected:
+        if word in _CLAUSE_KEYWORDS and "INTERFACE" in expected:
             return f"`{token}` clauses belong inside an `interface NAME {{ ... }}` block of the role"
-        if str(token) in self._keywords and expected == {"NAME"}:
+        if word == "," and {"`&`", "`|`"} <= {self._words.get(n) for n in expected}:
+            return "an `in` clause joins fields with `&` (all of them) or `|` (any of them), not `,`"
+        if word == "=" and before is not None and before.type == "NAME":
+            return f"settings take no `=`: write `{previous} VALUE`"
+        if word not in self._keywords or expected != {"NAME"}:
+            return self._comma_hint(token, before, masked)
+        # a keyword where a name was wanted: was it meant as a name, or does the text before lack one?
+        meant_as_name = _next_char(masked, token.end_pos) in (":", "{", "=") or previous in _NAMING_KEYWORDS
+        if meant_as_name:
             return f"`{token}` is a reserved word; choose another name"
-        return None
+        if previous == ",":
+            return (
+                f"remove the `,` before `{token}`: a comma continues the list of the clause before it; "
+                "clauses and settings are separated by newlines or spaces"
+            )
+        if previous in ("&", "|"):
+            what = "field" if previous == "&" else "alternative"
+            return f"nothing follows the `{previous}` before `{token}`: add the {what}, or remove the `{previous}`"
+        if previous in _NEEDS_NAMES:
+            return f"`{previous}` needs {_NEEDS_NAMES[previous]} after it, before `{token}`"
+        return f"`{token}` is a reserved word; choose another name"
+
+    def _comma_hint(self, token: Token, before: Token | None, masked: str) -> str | None:
+        """A setting name read as one more value of the setting before it: `impl "m:A", replicas 2`."""
+        if before is None or before.type != "NAME" or token.type not in VALUE_TERMINALS:
+            return None
+        comma = masked.rfind(",", 0, before.start_pos)
+        if comma < 0 or masked[comma + 1 : before.start_pos].strip():
+            return None
+        return (
+            f"`{before}` was read as one more value of the setting before it, because of the `,` before `{before}`: "
+            "settings are separated by newlines or spaces, not commas; remove the `,`"
+        )

@@ -16,6 +16,7 @@ from lark.exceptions import UnexpectedInput
 
 from flowc.diagnostics import Diagnostic, Report
 from flowc.gcpause import gc_paused
+from flowc.sources import BOM
 from flowc.spans import Span, point
 from flowc.syntax import ast
 from flowc.syntax.builder import AstBuilder, BuildContext, current, on_comment
@@ -68,6 +69,8 @@ def parse(text: str, file: str = "<input>") -> ParseResult:
 def _parse(text: str, file: str) -> ParseResult:
     lark, translator = _parser()
     text = text.replace("\r\n", "\n")
+    if text.startswith(BOM):  # text from an editor may keep it: read it as a space, so offsets hold
+        text = " " + text[len(BOM) :]
     masked = mask_opaque(text)
     deep = too_deep(masked)
     if deep is not None:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 from flowc.check import schema
 from flowc.check.checks.common import repeated, repeats, text
+from flowc.check.impl_names import impl_problem
 from flowc.check.model import BUILTIN_TYPES, Program
 from flowc.check.registry import Check, register
 from flowc.diagnostics import Diagnostic
 from flowc.syntax import ast
-
-_IMPL = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 @register
@@ -199,10 +197,11 @@ class Impl(Check):
                     role.decl.name.span,
                     f'add `impl "module:Class"` naming the Python class that implements `{role.name}`',
                 )
-            elif isinstance(impl, str) and not _IMPL.fullmatch(impl):
+            elif isinstance(impl, str) and (problem := impl_problem(impl)) is not None:
+                what, fix = problem
                 yield Diagnostic(
                     "E125",
-                    f'`impl` of role `{role.name}` must look like "package.module:Class", not "{impl}"',
+                    f'`impl` of role `{role.name}` must look like "package.module:Class", but {what}',
                     setting.values[0].span,
-                    "separate the module path and the class name with one `:`",
+                    fix,
                 )

@@ -1,5 +1,6 @@
 """Checks only graph analysis can make (phase 2): dead branches and joins, joins in loops, loops
-that never yield a result, unreachable roles, ordered streams with nothing to order them."""
+that never yield a result, unreachable roles, roles a graph reaches but does not need, ordered
+streams with nothing to order them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from flowc.check.model import Program
 from flowc.check.registry import Check, register
 from flowc.diagnostics import Diagnostic, Note
 from flowc.ir import GraphIR, graph_irs
-from flowc.ir.graph import live_fields
+from flowc.ir.graph import cycles, live_fields
 
 
 def _plans(program: Program):
@@ -79,11 +80,11 @@ class Loops(Check):
 
     def run(self, program: Program) -> Iterator[Diagnostic]:
         reported: set[tuple[str, ...]] = set()
-        for name, plan in _plans(program).items():
-            ir = graph_irs(program)[name]
-            produced = {o.field for o in plan.outputs}
-            for component in plan.sccs:
-                members = set(component)
+        # the full live IR: a loop that feeds no output is not in the plan, but it is still a mistake
+        for ir in graph_irs(program).values():
+            name = ir.name
+            produced = _outputs(ir)
+            for component in cycles(ir.digraph):
                 for node_id in component:
                     node = ir.nodes[node_id]
                     if node.join is not None and None in node.join.values() and (node_id,) not in reported:
@@ -95,9 +96,7 @@ class Loops(Check):
                             item.span,
                             "use a count (`" + item.field.text + ": 1`) inside loops, or move the join after the loop",
                         )
-                leaves = any(e.target not in members for n in component for e in ir.outbound.get(n, []))
-                yields = any(f in produced for n in component for f in ir.nodes[n].outputs)
-                if leaves or yields or component in reported:
+                if component in reported or not _without_exit(ir, component, produced):
                     continue
                 reported.add(component)
                 first = min((ir.nodes[n] for n in component), key=lambda n: n.span.sort_key())
@@ -109,6 +108,17 @@ class Loops(Check):
                     "stream or return a field the loop produces, or consume one outside the loop so it can exit",
                     tuple(Note(ir.nodes[n].span, f"`{n}` is part of the loop") for n in component if ir.nodes[n] is not first),
                 )
+
+
+def _outputs(ir: GraphIR) -> set[str]:
+    return {c.field.name.text for c in ir.info.streams} | {r.name.text for r in ir.info.returns}
+
+
+def _without_exit(ir: GraphIR, component: tuple[str, ...], produced: set[str]) -> bool:
+    """A loop nothing leaves and none of whose fields the graph streams or returns (E204)."""
+    members = set(component)
+    leaves = any(e.target not in members for n in component for e in ir.outbound.get(n, []))
+    return not leaves and not any(f in produced for n in component for f in ir.nodes[n].outputs)
 
 
 @register
@@ -158,6 +168,43 @@ class Reachability(Check):
                     message = f"`{output.field}` is streamed ordered, but `{producer}` may run several activations at once and nothing orders them"
                     hint = f"make `{producer.split('.')[0]}` (or a role on the way to it) `lb session`"
                 yield Diagnostic("W206", message, clause.span, hint)
+
+
+@register
+class Contribution(Check):
+    phase = 2
+    codes = {"W210": "roles a graph's entry reaches that contribute nothing to its outputs (they do not run in it)"}
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        for name, ir in graph_irs(program).items():
+            idle: dict[str, list[str]] = {}  # role -> its interfaces reached here but not needed
+            produced = _outputs(ir)
+            exitless = {n for c in cycles(ir.digraph) if _without_exit(ir, c, produced) for n in c}  # E204 says it
+            for node_id in sorted(ir.live - ir.contributing - exitless):
+                node = ir.nodes[node_id]
+                if node.kind == "interface" and node.role is not None:
+                    idle.setdefault(node.role, []).append(node_id)
+            if not idle:
+                continue
+            roles = sorted(idle)
+            listed = ", ".join(f"`{r}`" for r in roles)
+            fields = sorted({f for ids in idle.values() for n in ids for f in ir.nodes[n].outputs})
+            shown = ", ".join(f"`{f}`" for f in fields[:4]) + (", ..." if len(fields) > 4 else "")
+            several = len(roles) > 1
+            yield Diagnostic(
+                "W210",
+                f"graph `{name}`'s entry reaches {'roles' if several else 'role'} {listed}, but nothing `{name}` streams or "
+                f"returns depends on {'them' if several else 'it'}, so {'they do' if several else 'it does'} not run when "
+                f"`{name}` is called",
+                ir.info.decl.name.span,
+                f"to run {'them' if several else 'it'} in `{name}`, stream or return a field {'they produce' if several else 'it produces'} "
+                f"({shown}); if {'they belong' if several else 'it belongs'} only to another graph, enter `{name}` through a "
+                f"placeholder {'they do' if several else 'it does'} not read",
+                tuple(
+                    Note(ir.nodes[idle[r][0]].span, f"`{r}` is reached from `{name}`'s entry but feeds none of its outputs")
+                    for r in roles
+                ),
+            )
 
 
 @register
