@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrt import __version__
+from flowrt.errors import FlowrtError
 from flowrt.tables import RoleSpec, TableError
 
 
-class BundleError(Exception):
+class BundleError(FlowrtError):
     """A bundle is missing, incomplete or inconsistent."""
 
 
@@ -113,6 +114,8 @@ def describe(bundle: Bundle) -> str:
 
 
 def main(path: Path, argv: list[str]) -> int:
+    from flowrt import options
+
     parser = argparse.ArgumentParser(prog=f"python -m {path.name}", description=f"The flowc bundle at {path}.")
     parser.add_argument(
         "command",
@@ -123,14 +126,41 @@ def main(path: Path, argv: list[str]) -> int:
         "serve: serve it over HTTP (as `flowc run DIR`); launch-ray: start it on Ray",
     )
     parser.add_argument("--http", metavar="HOST:PORT", default="127.0.0.1:8000", help="serve: where to listen")
+    parser.add_argument(
+        "--session-ttl",
+        metavar="SECONDS",
+        default=options.DEFAULT_SESSION_TTL,
+        help="serve: an idle session's state is dropped after this long (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--max-sessions",
+        metavar="N",
+        default=options.DEFAULT_MAX_SESSIONS,
+        help="serve: at most N idle sessions keep their state (default: %(default)d)",
+    )
+    parser.add_argument(
+        "--max-body-mb",
+        metavar="MIB",
+        default=options.DEFAULT_MAX_BODY_MB,
+        help="serve: the largest request body accepted (default: %(default)g)",
+    )
+    parser.add_argument("--debug", action="store_true", help="log debug records and full tracebacks of role errors")
     args = parser.parse_args(argv)
+    try:
+        limits = {
+            "session_ttl": options.session_ttl_seconds(args.session_ttl),
+            "max_sessions": options.session_cap(args.max_sessions),
+            "max_body_mb": options.size_mib(args.max_body_mb),
+        }
+    except ValueError as error:
+        parser.error(str(error))  # exits 2
     try:
         bundle = load_bundle(path)
     except BundleError as error:
         print(f"flowrt: {error}", file=sys.stderr)
         return 1
     if args.command == "serve":
-        return _serve(path, args.http)
+        return _serve(path, args.http, args.debug, limits)
     if args.command == "launch-ray":
         print("flowrt: this flowrt release loads and checks bundles; the Ray launcher is not part of it yet", file=sys.stderr)
         return 2
@@ -138,10 +168,11 @@ def main(path: Path, argv: list[str]) -> int:
     return 0
 
 
-def _serve(path: Path, address: str) -> int:
+def _serve(path: Path, address: str, debug: bool, limits: dict) -> int:
     import asyncio
 
     from flowrt.control import FlowrtError
+    from flowrt.logs import show_log
     from flowrt.serve import parse_address, serve
 
     try:
@@ -149,9 +180,10 @@ def _serve(path: Path, address: str) -> int:
     except ValueError as error:
         print(f"flowrt: --http: {error}", file=sys.stderr)
         return 2
+    show_log(debug)
     try:
-        asyncio.run(serve(path, host, port))
-    except FlowrtError as error:  # a role that cannot be imported, an address that is taken
+        asyncio.run(serve(path, host, port, **limits))
+    except FlowrtError as error:  # a role that cannot be imported or set up, an address that is taken
         print(f"flowrt: {error}", file=sys.stderr)
         return 1
     return 0

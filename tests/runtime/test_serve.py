@@ -129,7 +129,13 @@ def test_a_call_streams_the_events_flowc_run_once_prints(image_chat_bundle: Path
     with serving(image_chat_bundle) as server:
         assert server.get("/health") == (200, {"status": "ok", "bundle": "image_chat", "graphs": ["chat"], "core": CORE})
         status, described = server.get("/graphs")
-        assert described["chat"] == {"entry": ["request"], "stream": ["token"], "return": ["image"], "timeout_s": None}
+        assert described["chat"] == {
+            "entry": ["request"],
+            "types": {"request": "Json"},
+            "stream": ["token"],
+            "return": ["image"],
+            "timeout_s": None,
+        }
         response = server.post("/graphs/chat", request, {"X-Flow-Session": "s1"})
         assert response.status == 200 and response.getheader("Content-Type") == "application/x-ndjson"
         got = lines(response)
@@ -144,7 +150,7 @@ def test_a_call_streams_the_events_flowc_run_once_prints(image_chat_bundle: Path
     [
         ("/graphs/chat", b"{not json", 400, "not JSON"),
         ("/graphs/chat", b"[1, 2]", 400, "JSON list, not an object"),
-        ("/graphs/chat?timeout=soon", b"{}", 400, "`timeout` must be a number"),
+        ("/graphs/chat?timeout=soon", b"{}", 400, "`timeout`: expected a number of seconds"),
         ("/graphs/draw", b"{}", 404, "no graph `draw`"),
         ("/graphs/chat", b'{"prompt": "hi"}', 422, "missing request; unexpected prompt"),
     ],
