@@ -37,30 +37,54 @@ class Bundle:
         return [(self.path / p).resolve() for p in self.manifest.get("python_path", [])]
 
 
+MALFORMED = (KeyError, TypeError, AttributeError, ValueError)  # what reading a table of the wrong shape raises
+
+
 def load_bundle(path: Path) -> Bundle:
     path = Path(path)
     manifest = _read_json(path / "bundle.json")
     plan = _read_json(path / "plan.json")
     roles: dict[str, RoleSpec] = {}
-    for name, entry in sorted(manifest.get("roles", {}).items()):
-        module_path = path / entry["module"]
-        spec = _import_role(path, name, module_path)
-        if spec.name != name:
+    try:
+        entries = sorted(manifest.get("roles", {}).items())
+        modules = {name: path / entry["module"] for name, entry in entries}
+        name = manifest.get("name", path.name)
+        if not isinstance(name, str) or not isinstance(manifest.get("python_path", []), list):
+            raise TypeError("`name` must be a string and `python_path` a list")
+    except MALFORMED as error:
+        raise BundleError(
+            f"{path / 'bundle.json'} is malformed ({_reason(error)}); rebuild the bundle with `flowc build`"
+        ) from None
+    for name_, module_path in modules.items():
+        spec = _import_role(path, name_, module_path)
+        if spec.name != name_:
             raise BundleError(
-                f"{module_path}: declares role `{spec.name}`, but bundle.json lists it as `{name}`; rebuild the bundle"
+                f"{module_path}: declares role `{spec.name}`, but bundle.json lists it as `{name_}`; rebuild the bundle"
             )
-        roles[name] = spec
-    _check_agreement(path, plan, roles)
-    return Bundle(path=path, name=manifest.get("name", path.name), manifest=manifest, plan=plan, roles=roles)
+        roles[name_] = spec
+    try:
+        _check_agreement(path, plan, roles)
+    except MALFORMED as error:
+        raise BundleError(
+            f"{path / 'plan.json'} is malformed ({_reason(error)}); rebuild the bundle with `flowc build`"
+        ) from None
+    return Bundle(path=path, name=name, manifest=manifest, plan=plan, roles=roles)
+
+
+def _reason(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BundleError(f"{path} is missing; is {path.parent} a bundle written by `flowc build`?") from None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise BundleError(f"{path} cannot be read ({error}); rebuild the bundle with `flowc build`") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{path} holds a JSON {type(data).__name__}, not an object; rebuild the bundle with `flowc build`")
+    return data
 
 
 def _import_role(bundle: Path, name: str, module_path: Path) -> RoleSpec:
