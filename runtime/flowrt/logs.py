@@ -1,9 +1,10 @@
 """The runtime's log on stderr, as `flowc run` and `python -m BUNDLE` show it.
 
 flowrt logs through the `flowrt` logger (role errors, the server's own errors) and gives each
-role `ctx.logger`, a child of it (`flowrt.BUNDLE`). `show_log` sends them to stderr, so stdout
-carries only a call's events (`--once`) or the server's banner: at INFO one line per record,
-tracebacks left out; with `debug`, DEBUG records too and every traceback in full.
+role `ctx.logger`, a child of it (`flowrt.BUNDLE`). `show_log` sends them, and aiohttp's own
+warnings, to stderr, so stdout carries only a call's events (`--once`) or the server's banner:
+at INFO one line per record, tracebacks left out; with `debug`, DEBUG records too and every
+traceback in full.
 """
 
 from __future__ import annotations
@@ -37,4 +38,11 @@ def show_log(debug: bool = False) -> logging.Handler:
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug else logging.INFO)
     logger.propagate = False
+    # aiohttp logs what it answers itself (a request it cannot parse) with a traceback: one line here too
+    server = logging.getLogger("aiohttp")
+    for old in [h for h in server.handlers if getattr(h, "_flowrt_stderr", False)]:
+        server.removeHandler(old)
+    server.addHandler(handler)
+    server.setLevel(logging.DEBUG if debug else logging.WARNING)
+    server.propagate = False
     return handler

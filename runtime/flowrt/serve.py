@@ -145,6 +145,9 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(runtime.statistics())
 
 
+_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
 async def _read_inputs(request: web.Request) -> Any:
     """The body as JSON, or an error answer saying what is wrong with it."""
     body = await request.read()  # over the limit: HTTPRequestEntityTooLarge, answered by `json_errors`
@@ -168,8 +171,7 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
     if isinstance(inputs, web.Response):
         return inputs
     if not isinstance(inputs, dict):
-        kind = "null" if inputs is None else type(inputs).__name__
-        return _error(400, f"the body is a JSON {kind}, not an object", "send a JSON object of entry values")
+        return _error(400, f"the body is a JSON {_JSON_KINDS[type(inputs)]}, not an object", "send a JSON object of entry values")
     timeout = None
     if "timeout" in request.query:
         try:
