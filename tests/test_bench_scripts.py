@@ -31,3 +31,17 @@ def test_control_overhead_bench_runs_all_systems_it_has():
     for row in ("| flowrt | 1 |", "| floor | 1 |", "| flowrt | 64 |", "| floor | 64 |"):
         assert row in result.stdout
     assert "clients 1: flowrt/floor = " in result.stdout and "clients 64: flowrt/floor = " in result.stdout
+
+
+def test_serve_overhead_bench_runs_both_paths():
+    result = run("bench/serve_overhead.py", "--requests", "20", "--batches", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| embedded `Runtime.call` |" in result.stdout and "| served (server process) |" in result.stdout
+    assert "served/embedded = " in result.stdout
+
+
+def test_serve_stress_bench_leaves_nothing_behind_on_a_small_run():
+    result = run("bench/serve_stress.py", "--rounds", "1", "--clients", "8", "--requests", "40", "--max-sessions", "5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "calls cancelled by their client going away: 8" in result.stdout
+    assert "statuses {'ok': 8}" in result.stdout and "'sessions': 5, 'idle_sessions': 5" in result.stdout
