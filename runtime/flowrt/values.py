@@ -32,13 +32,16 @@ def summarize(value: Any, depth: int = 0) -> Any:
         return {str(k): summarize(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [summarize(v, depth + 1) for v in value]
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return {"tensor": {"shape": [int(d) for d in value.shape], "dtype": str(value.dtype).removeprefix("torch.")}}
-    if isinstance(value, (bytes, bytearray)):
-        return {"bytes": {"length": len(value)}}
-    summary = getattr(value, "summary", None)
-    if callable(summary):
-        return summarize(summary(), depth + 1)
+    try:  # a role's object whose `shape` or `summary()` fails is described, not a crash of the stream
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            return {"tensor": {"shape": [int(d) for d in value.shape], "dtype": str(value.dtype).removeprefix("torch.")}}
+        if isinstance(value, (bytes, bytearray)):
+            return {"bytes": {"length": len(value)}}
+        summary = getattr(value, "summary", None)
+        if callable(summary):
+            return summarize(summary(), depth + 1)
+    except Exception as error:  # noqa: BLE001 - user code: its failure is part of the description
+        return {"object": type(value).__name__, "error": f"{type(error).__name__}: {error}"}
     return {"object": type(value).__name__}
 
 

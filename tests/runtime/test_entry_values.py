@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 
 import pytest
@@ -164,3 +165,26 @@ def test_batches_hold_the_events_ready_together_and_never_wait_for_later_ones(tm
         await runtime.close()
 
     asyncio.run(main())
+
+
+class BrokenSummary:
+    def summary(self):
+        raise ValueError("no pixels")
+
+
+class BrokenShape:
+    dtype = "float32"
+
+    @property
+    def shape(self):
+        raise RuntimeError("freed")
+
+
+def test_an_output_whose_summary_fails_is_described_not_a_crash():
+    from flowrt.values import event_json
+
+    line = event_json({"event": "return", "field": "image", "value": [BrokenSummary(), BrokenShape()]})
+    assert json.loads(line)["value"] == [
+        {"object": "BrokenSummary", "error": "ValueError: no pixels"},
+        {"object": "BrokenShape", "error": "RuntimeError: freed"},
+    ]
