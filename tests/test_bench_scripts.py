@@ -44,3 +44,17 @@ def test_lsp_bench_runs_a_small_burst_against_the_new_server():
     # with the default delay a burst publishes once; with none, at most once per edit (each then current)
     assert rows["debounce 150 ms"][1].strip() == "1", result.stdout
     assert 1 <= int(rows["debounce 0 ms"][1]) <= 3, result.stdout
+
+
+def test_serve_overhead_bench_runs_both_paths():
+    result = run("bench/serve_overhead.py", "--requests", "20", "--batches", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| embedded `Runtime.call` |" in result.stdout and "| served (server process) |" in result.stdout
+    assert "served/embedded = " in result.stdout
+
+
+def test_serve_stress_bench_leaves_nothing_behind_on_a_small_run():
+    result = run("bench/serve_stress.py", "--rounds", "1", "--clients", "8", "--requests", "40", "--max-sessions", "5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "calls cancelled by their client going away: 8" in result.stdout
+    assert "statuses {'ok': 8}" in result.stdout and "'sessions': 5, 'idle_sessions': 5" in result.stdout

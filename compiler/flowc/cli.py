@@ -19,6 +19,7 @@ from flowc.diagnostics import Diagnostic, Severity, render_json, render_text, su
 from flowc.fmt import format_source
 from flowc.lsp.scheduler import DEFAULT_DEBOUNCE_S
 from flowc.sources import SourceText, read_source, read_stream
+from flowrt.options import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -350,19 +351,49 @@ def _prepare_output(out: Path) -> None:
     help="JSON object mapping each entry placeholder to its value, or @FILE.",
 )
 @click.option("--session", help="Session id (calls of one session run one at a time).")
-@click.option("--timeout", type=float, help="Cancel the call after this many seconds (default: the graph's own timeout).")
+@click.option(
+    "--timeout",
+    metavar="SECONDS",
+    help="Cancel the call after this many seconds, a finite number > 0 (default: the graph's own timeout).",
+)
 @click.option(
     "--http", "http", metavar="HOST:PORT", default="127.0.0.1:8000", show_default=True, help="Where to serve (without --once)."
 )
+@click.option(
+    "--session-ttl",
+    metavar="SECONDS",
+    default=f"{DEFAULT_SESSION_TTL:g}",
+    show_default=True,
+    help="Serving: an idle session's state (its roles' globals) is dropped after this long.",
+)
+@click.option(
+    "--max-sessions",
+    metavar="N",
+    default=str(DEFAULT_MAX_SESSIONS),
+    show_default=True,
+    help="Serving: at most N idle sessions keep their state; the least recently used go first.",
+)
+@click.option(
+    "--max-body-mb",
+    metavar="MIB",
+    default=f"{DEFAULT_MAX_BODY_MB:g}",
+    show_default=True,
+    help="Serving: the largest request body accepted, in MiB.",
+)
 @click.option("--registry", metavar="URL", help="A shared registry (redis://...); not in this release.")
 @_color_option
+@click.pass_context
 def run(
+    ctx: click.Context,
     target: str,
     graph_name: str | None,
     input_json: str,
     session: str | None,
-    timeout: float | None,
+    timeout: str | None,
     http: str,
+    session_ttl: str,
+    max_sessions: str,
+    max_body_mb: str,
     registry: str | None,
     color: bool | None,
 ) -> None:
@@ -377,16 +408,22 @@ def run(
     \b
     Prints one JSON object per event: {"event": "stream" | "return", "field": F, "value": V},
     then {"event": "done", "status": "ok" | "error" | "cancelled", "errors": [...], "missing": [...]}.
-    The exit status is 0 only when the status is "ok".
+    The exit status is 0 only when the status is "ok"; 130 or 143 when SIGINT or SIGTERM
+    cancelled the call. The runtime's log (role errors; tracebacks with --debug) goes to stderr.
 
     \b
     Examples:
       flowc run examples/image_chat/pipeline.flow --once chat \\
           --input '{"request": {"segments": [{"type": "text", "text": "a red cat"}]}}'
       flowc run build/image_chat --once chat --input @request.json --session s1
+      flowc run build/image_chat --http 127.0.0.1:8000 --session-ttl 600
     """
     import asyncio
     import tempfile
+
+    from flowc import running
+    from flowrt import options
+    from flowrt.logs import show_log
 
     if registry is not None:
         raise click.UsageError("a shared registry (--registry) is not part of this release; omit it to use the embedded one")
@@ -395,7 +432,12 @@ def run(
             "--input, --session and --timeout belong to one call: add --once GRAPH, "
             "or leave them out to serve (a request gives its own)"
         )
-    inputs = _parse_input(input_json) if graph_name is not None else {}
+    seconds = running.option_value(options.timeout_seconds, "--timeout", timeout)
+    ttl = running.option_value(options.session_ttl_seconds, "--session-ttl", session_ttl)
+    cap = running.option_value(options.session_cap, "--max-sessions", max_sessions)
+    body_mb = running.option_value(options.size_mib, "--max-body-mb", max_body_mb)
+    inputs = running.parse_input(input_json) if graph_name is not None else {}
+    show_log(debug=bool(ctx.find_root().params.get("debug")))
     path = Path(target)
     with tempfile.TemporaryDirectory(prefix="flowc-run-") as scratch:
         if path.suffix == ".flow" or path.is_file():
@@ -407,32 +449,10 @@ def run(
         else:
             bundle_dir = path
         if graph_name is None:
-            _serve(bundle_dir, http)
+            running.serve_bundle(bundle_dir, http, ttl, cap, body_mb)
             return
-        status = asyncio.run(_run_once(bundle_dir, graph_name, inputs, session, timeout))
-    sys.exit(EXIT_OK if status == "ok" else EXIT_ERRORS)
-
-
-def _serve(bundle_dir: Path, http: str) -> None:
-    import asyncio
-
-    from flowrt.bundle import BundleError
-    from flowrt.control import FlowrtError
-
-    try:
-        from flowrt.serve import CannotListen, parse_address, serve
-    except ImportError as error:
-        raise click.ClickException(f"serving needs aiohttp ({error}); reinstall flowc: pip install flowc") from None
-    try:
-        host, port = parse_address(http)
-    except ValueError as error:
-        raise click.UsageError(f"--http takes HOST:PORT: {error}") from None
-    try:
-        asyncio.run(serve(bundle_dir, host, port))
-    except CannotListen as error:
-        raise click.ClickException(str(error)) from None
-    except (BundleError, FlowrtError) as error:
-        raise click.UsageError(str(error)) from None
+        code = asyncio.run(running.run_once(bundle_dir, graph_name, inputs, session, seconds))
+    sys.exit(code)
 
 
 @main.command()
@@ -496,3 +516,4 @@ async def _run_once(bundle_dir: Path, graph: str, inputs: dict, session: str | N
     finally:
         await runtime.close()
     return status
+    serve()

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrt import __version__
+from flowrt.errors import FlowrtError
 from flowrt.tables import RoleSpec, TableError
 
 
-class BundleError(Exception):
+class BundleError(FlowrtError):
     """A bundle is missing, incomplete or inconsistent."""
 
 
@@ -36,30 +37,54 @@ class Bundle:
         return [(self.path / p).resolve() for p in self.manifest.get("python_path", [])]
 
 
+MALFORMED = (KeyError, TypeError, AttributeError, ValueError)  # what reading a table of the wrong shape raises
+
+
 def load_bundle(path: Path) -> Bundle:
     path = Path(path)
     manifest = _read_json(path / "bundle.json")
     plan = _read_json(path / "plan.json")
     roles: dict[str, RoleSpec] = {}
-    for name, entry in sorted(manifest.get("roles", {}).items()):
-        module_path = path / entry["module"]
-        spec = _import_role(path, name, module_path)
-        if spec.name != name:
+    try:
+        entries = sorted(manifest.get("roles", {}).items())
+        modules = {name: path / entry["module"] for name, entry in entries}
+        name = manifest.get("name", path.name)
+        if not isinstance(name, str) or not isinstance(manifest.get("python_path", []), list):
+            raise TypeError("`name` must be a string and `python_path` a list")
+    except MALFORMED as error:
+        raise BundleError(
+            f"{path / 'bundle.json'} is malformed ({_reason(error)}); rebuild the bundle with `flowc build`"
+        ) from None
+    for name_, module_path in modules.items():
+        spec = _import_role(path, name_, module_path)
+        if spec.name != name_:
             raise BundleError(
-                f"{module_path}: declares role `{spec.name}`, but bundle.json lists it as `{name}`; rebuild the bundle"
+                f"{module_path}: declares role `{spec.name}`, but bundle.json lists it as `{name_}`; rebuild the bundle"
             )
-        roles[name] = spec
-    _check_agreement(path, plan, roles)
-    return Bundle(path=path, name=manifest.get("name", path.name), manifest=manifest, plan=plan, roles=roles)
+        roles[name_] = spec
+    try:
+        _check_agreement(path, plan, roles)
+    except MALFORMED as error:
+        raise BundleError(
+            f"{path / 'plan.json'} is malformed ({_reason(error)}); rebuild the bundle with `flowc build`"
+        ) from None
+    return Bundle(path=path, name=name, manifest=manifest, plan=plan, roles=roles)
+
+
+def _reason(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BundleError(f"{path} is missing; is {path.parent} a bundle written by `flowc build`?") from None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise BundleError(f"{path} cannot be read ({error}); rebuild the bundle with `flowc build`") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{path} holds a JSON {type(data).__name__}, not an object; rebuild the bundle with `flowc build`")
+    return data
 
 
 def _import_role(bundle: Path, name: str, module_path: Path) -> RoleSpec:
@@ -113,6 +138,8 @@ def describe(bundle: Bundle) -> str:
 
 
 def main(path: Path, argv: list[str]) -> int:
+    from flowrt import options
+
     parser = argparse.ArgumentParser(prog=f"python -m {path.name}", description=f"The flowc bundle at {path}.")
     parser.add_argument(
         "command",
@@ -123,14 +150,41 @@ def main(path: Path, argv: list[str]) -> int:
         "serve: serve it over HTTP (as `flowc run DIR`); launch-ray: start it on Ray",
     )
     parser.add_argument("--http", metavar="HOST:PORT", default="127.0.0.1:8000", help="serve: where to listen")
+    parser.add_argument(
+        "--session-ttl",
+        metavar="SECONDS",
+        default=options.DEFAULT_SESSION_TTL,
+        help="serve: an idle session's state is dropped after this long (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--max-sessions",
+        metavar="N",
+        default=options.DEFAULT_MAX_SESSIONS,
+        help="serve: at most N idle sessions keep their state (default: %(default)d)",
+    )
+    parser.add_argument(
+        "--max-body-mb",
+        metavar="MIB",
+        default=options.DEFAULT_MAX_BODY_MB,
+        help="serve: the largest request body accepted (default: %(default)g)",
+    )
+    parser.add_argument("--debug", action="store_true", help="log debug records and full tracebacks of role errors")
     args = parser.parse_args(argv)
+    try:
+        limits = {
+            "session_ttl": options.session_ttl_seconds(args.session_ttl),
+            "max_sessions": options.session_cap(args.max_sessions),
+            "max_body_mb": options.size_mib(args.max_body_mb),
+        }
+    except ValueError as error:
+        parser.error(str(error))  # exits 2
     try:
         bundle = load_bundle(path)
     except BundleError as error:
         print(f"flowrt: {error}", file=sys.stderr)
         return 1
     if args.command == "serve":
-        return _serve(path, args.http)
+        return _serve(path, args.http, args.debug, limits)
     if args.command == "launch-ray":
         print("flowrt: this flowrt release loads and checks bundles; the Ray launcher is not part of it yet", file=sys.stderr)
         return 2
@@ -138,10 +192,11 @@ def main(path: Path, argv: list[str]) -> int:
     return 0
 
 
-def _serve(path: Path, address: str) -> int:
+def _serve(path: Path, address: str, debug: bool, limits: dict) -> int:
     import asyncio
 
     from flowrt.control import FlowrtError
+    from flowrt.logs import show_log
     from flowrt.serve import parse_address, serve
 
     try:
@@ -149,9 +204,10 @@ def _serve(path: Path, address: str) -> int:
     except ValueError as error:
         print(f"flowrt: --http: {error}", file=sys.stderr)
         return 2
+    show_log(debug)
     try:
-        asyncio.run(serve(path, host, port))
-    except FlowrtError as error:  # a role that cannot be imported, an address that is taken
+        asyncio.run(serve(path, host, port, **limits))
+    except FlowrtError as error:  # a role that cannot be imported or set up, an address that is taken
         print(f"flowrt: {error}", file=sys.stderr)
         return 1
     return 0

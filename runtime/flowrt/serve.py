@@ -1,45 +1,60 @@
 """Serving a bundle over HTTP: what `flowc run DIR --http HOST:PORT` runs (aiohttp).
 
     GET  /health                  {"status": "ok", "bundle": NAME, "graphs": [...], "core": how the control core runs}
-    GET  /graphs                  every graph: its entry placeholders, streamed and returned fields
+    GET  /graphs                  every graph: its entry placeholders and their types, streamed and returned fields
     POST /graphs/{graph}          body: a JSON object of entry values (as `--input`);
                                   session: header `X-Flow-Session` or `?session=`; `?timeout=SECONDS`
                                   → 200 `application/x-ndjson`, one event per line, exactly the
                                   lines `flowc run --once` prints, ending with the `done` event
     GET  /stats[?idle=SECONDS]    the runtime's statistics(); with `idle`, first waits (at most
-                                  SECONDS) until no call is in flight
+                                  SECONDS) until no call is running or queued
 
-A request that cannot start a call gets a JSON `{"error": ..., "hint": ...}`: 400 for a body that
-is not a JSON object, 404 for an unknown graph, 422 for inputs that do not match the entry.
-A client that disconnects cancels its call. SIGINT or SIGTERM stops accepting, cancels the
-calls in flight (their streams end with `done` and status `cancelled`), and exits.
+Every answer that is not a call's event stream is JSON, and every error is `{"error": ...,
+"hint": ...}`: 400 for a body that is not a JSON object or a bad query value, 404 for an
+unknown graph or path, 405 for a method a path does not answer, 413 for a body over the limit,
+422 for inputs that do not match the graph's entry (names or declared types), 500 for a bug in
+flowrt (logged with its traceback). A client that disconnects cancels its call. SIGINT or
+SIGTERM stops accepting, cancels the calls in flight (their streams end with `done` and status
+`cancelled`), and exits.
+
+A call's events are written as they become ready: all the events ready when the previous write
+returns go out in one write, so a burst costs one send, and an event never waits for a later one.
+The answer starts with the call's first events (a call that is over by then is one plain answer
+with a Content-Length; else the events stream in chunks), so a call that waits for its
+session's turn sends nothing until it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from flowrt.control import CORE, BadInputs, FlowrtError, Runtime, UnknownGraph
-from flowrt.values import summarize
+from flowrt import options
+from flowrt.control import CORE, BadInputs, BadTimeout, FlowrtError, Runtime, UnknownGraph
+from flowrt.options import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
+from flowrt.values import event_json
+
+RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
+MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)  # bytes
+NDJSON = "application/x-ndjson"
+log = logging.getLogger("flowrt.serve")
 
 
 class CannotListen(FlowrtError):
     """The address is taken or not ours to bind."""
 
 
-RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
-NDJSON = "application/x-ndjson"
-
-
-def _error(status: int, message: str, hint: str) -> web.Response:
-    return web.json_response({"error": message, "hint": hint}, status=status)
+def _error(status: int, message: str, hint: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message, "hint": hint}, status=status, headers=headers)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -50,9 +65,50 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def event_line(event: dict[str, Any]) -> bytes:
-    """One event as `flowc run --once` prints it: summarised values, one JSON object per line."""
-    return (json.dumps(summarize(event), ensure_ascii=False) + "\n").encode()
+def event_lines(events: list[dict[str, Any]]) -> bytes:
+    """Events as `flowc run --once` prints them: one JSON object per line, values summarised."""
+    return ("\n".join([event_json(event) for event in events]) + "\n").encode()
+
+
+ROUTES = "GET /health, GET /graphs, GET /stats, POST /graphs/GRAPH"
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    """Every error as `{"error", "hint"}`: aiohttp's own (unknown path or method, body too
+    large), a client gone mid-request (quietly), and bugs (logged with their traceback)."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as error:
+        allowed = ", ".join(sorted(error.allowed_methods))
+        return _error(
+            405,
+            f"{request.path} does not answer {request.method}",
+            f"{request.path} answers {allowed}; the server answers {ROUTES}",
+            {"Allow": ",".join(sorted(error.allowed_methods))},
+        )
+    except web.HTTPNotFound:
+        return _error(404, f"no such path: {request.path}", f"the server answers {ROUTES}")
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[MAX_BODY] / 2**20
+        return _error(
+            413,
+            f"the body is larger than the server's limit of {limit:g} MiB",
+            "send a smaller body, or start the server with a larger --max-body-mb",
+        )
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return _error(error.status, error.reason, f"the server answers {ROUTES}")
+    except ConnectionError:
+        return web.Response(status=400)  # the client is gone: nobody reads this
+    except Exception as error:  # noqa: BLE001 - a bug in flowrt: logged with its traceback, answered as JSON
+        log.exception("internal error answering %s %s", request.method, request.path)
+        return _error(
+            500,
+            f"internal error: {type(error).__name__}: {error}",
+            "this is a bug in flowrt; the server's log has the traceback; please report it",
+        )
 
 
 async def health(request: web.Request) -> web.Response:
@@ -67,6 +123,7 @@ async def graphs(request: web.Request) -> web.Response:
     described = {
         name: {
             "entry": plan["entry"],
+            "types": runtime.entry_types.get(name, {}),
             "stream": [o["field"] for o in plan["outputs"] if o["kind"] == "stream"],
             "return": [o["field"] for o in plan["outputs"] if o["kind"] == "return"],
             "timeout_s": plan.get("timeout_s"),
@@ -80,51 +137,79 @@ async def stats(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     if "idle" in request.query:
         try:
-            await asyncio.wait_for(runtime.wait_idle(), float(request.query["idle"]))
-        except ValueError:
-            return _error(400, f"`idle` must be a number of seconds, not {request.query['idle']!r}", "e.g. /stats?idle=5")
-        except TimeoutError:
-            pass  # report what is still in flight
+            idle = options.wait_seconds(request.query["idle"])
+        except ValueError as error:
+            return _error(400, f"`idle`: {error}", "e.g. /stats?idle=5 waits at most 5 s for no call in flight")
+        with contextlib.suppress(TimeoutError):  # report what is still in flight
+            await asyncio.wait_for(runtime.wait_idle(), idle)
     return web.json_response(runtime.statistics())
+
+
+_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+async def _read_inputs(request: web.Request) -> Any:
+    """The body as JSON, or an error answer saying what is wrong with it."""
+    body = await request.read()  # over the limit: HTTPRequestEntityTooLarge, answered by `json_errors`
+    hint = 'send a JSON object of entry values, e.g. {"request": {...}}'
+    try:
+        return json.loads(body)
+    except RecursionError:
+        return _error(400, "the body is nested too deeply to read as JSON", hint)
+    except UnicodeDecodeError as error:
+        return _error(400, f"the body is not UTF-8 JSON ({error.reason} at byte {error.start})", hint)
+    except ValueError as error:
+        kind = request.content_type
+        told = f" (Content-Type: {kind})" if kind not in ("application/json", "application/octet-stream") else ""
+        return _error(400, f"the body is not JSON{told}: {error}", hint)
 
 
 async def call_graph(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME]
     graph = request.match_info["graph"]
-    try:
-        inputs = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        return _error(400, f"the body is not JSON: {error}", 'send a JSON object of entry values, e.g. {"request": {...}}')
+    inputs = await _read_inputs(request)
+    if isinstance(inputs, web.Response):
+        return inputs
     if not isinstance(inputs, dict):
-        return _error(400, f"the body is a JSON {type(inputs).__name__}, not an object", "send a JSON object of entry values")
+        return _error(400, f"the body is a JSON {_JSON_KINDS[type(inputs)]}, not an object", "send a JSON object of entry values")
     timeout = None
     if "timeout" in request.query:
         try:
-            timeout = float(request.query["timeout"])
-        except ValueError:
-            return _error(400, f"`timeout` must be a number of seconds, not {request.query['timeout']!r}", "e.g. ?timeout=30")
+            timeout = options.timeout_seconds(request.query["timeout"])
+        except ValueError as error:
+            return _error(400, f"`timeout`: {error}", "e.g. ?timeout=30 cancels the call after 30 s")
+    session = request.headers.get("X-Flow-Session") or request.query.get("session")
     try:
-        runtime.validate(graph, inputs)
+        events = runtime.call_batches(graph, inputs, session=session, timeout=timeout)
     except UnknownGraph as error:
         return _error(404, str(error), "GET /graphs lists the graphs and their entry fields")
-    except BadInputs as error:
-        return _error(422, str(error), "GET /graphs lists each graph's entry fields")
-    session = request.headers.get("X-Flow-Session") or request.query.get("session")
-    response = web.StreamResponse(headers={"Content-Type": NDJSON})
-    await response.prepare(request)
-    events = runtime.call(graph, inputs, session=session, timeout=timeout)
+    except (BadInputs, BadTimeout) as error:
+        return _error(422, str(error), "GET /graphs lists each graph's entry fields and their types")
+    response: web.StreamResponse | None = None
     try:
-        async for event in events:
-            await response.write(event_line(event))
+        async for batch in events:
+            data = event_lines(batch)
+            if batch[-1]["event"] == "done":  # the call's last events
+                if response is None:  # all of them at once: one plain answer, one write
+                    return web.Response(body=data, content_type=NDJSON)
+                await response.write_eof(data)
+                return response
+            if response is None:  # the answer starts with the first events
+                response = web.StreamResponse(headers={"Content-Type": NDJSON})
+                await response.prepare(request)
+            await response.write(data)
+    except ConnectionError:
+        pass  # the client went away: closing the events below cancels its call
     finally:
-        await events.aclose()  # a disconnect or an error above cancels the call and waits for it
-    await response.write_eof()
-    return response
+        await events.aclose()  # cancels the call if it has not ended; it is retired even if this is cancelled
+    return response if response is not None else web.Response(status=499)  # the client is gone: nobody reads it
 
 
-def application(runtime: Runtime) -> web.Application:
-    app = web.Application()
+def application(runtime: Runtime, max_body_mb: float = DEFAULT_MAX_BODY_MB) -> web.Application:
+    max_body = int(max_body_mb * 2**20)
+    app = web.Application(middlewares=[json_errors], client_max_size=max_body)
     app[RUNTIME] = runtime
+    app[MAX_BODY] = max_body
     app.router.add_get("/health", health)
     app.router.add_get("/graphs", graphs)
     app.router.add_get("/stats", stats)
@@ -132,10 +217,18 @@ def application(runtime: Runtime) -> web.Application:
     return app
 
 
-async def serve(bundle_dir: Path, host: str, port: int) -> None:
+async def serve(
+    bundle_dir: Path,
+    host: str,
+    port: int,
+    *,
+    session_ttl: float = DEFAULT_SESSION_TTL,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    max_body_mb: float = DEFAULT_MAX_BODY_MB,
+) -> None:
     """Serve until SIGINT or SIGTERM; prints `serving NAME on http://HOST:PORT` once listening."""
-    runtime = await Runtime.open(bundle_dir)
-    runner = web.AppRunner(application(runtime), handler_cancellation=True, access_log=None)
+    runtime = await Runtime.open(bundle_dir, session_ttl=session_ttl, max_sessions=max_sessions)
+    runner = web.AppRunner(application(runtime, max_body_mb), handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -1,25 +1,50 @@
 """JSON summaries of values for events: JSON values pass through, tensors become their shape
-and dtype, anything else a short description (DESIGN §5: `{"tensor": {"shape": [...], ...}}`)."""
+and dtype, anything else a short description (DESIGN §5: `{"tensor": {"shape": [...], ...}}`),
+and `event_json`, the one line an event prints as (`flowc run --once` and the HTTP server)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+# one encoder for every event: json.dumps with non-default options builds a new one per call;
+# summaries are trees (depth-limited), so the circular-reference check is not needed
+_ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
+
+
+def _plain(mapping: dict) -> bool:
+    """A dict of scalars under string keys: its summary is itself."""
+    for key, value in mapping.items():  # noqa: SIM110 - a loop: all() over a generator costs twice as much here
+        if type(key) is not str or type(value) not in _SCALARS:
+            return False
+    return True
 
 
 def summarize(value: Any, depth: int = 0) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if type(value) in _SCALARS or isinstance(value, (bool, int, float, str)) or value is None:
         return value
     if depth > 16:
         return {"object": type(value).__name__}
     if isinstance(value, dict):
+        if type(value) is dict and _plain(value):
+            return value  # nothing to change: no copy
         return {str(k): summarize(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [summarize(v, depth + 1) for v in value]
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return {"tensor": {"shape": [int(d) for d in value.shape], "dtype": str(value.dtype).removeprefix("torch.")}}
-    if isinstance(value, (bytes, bytearray)):
-        return {"bytes": {"length": len(value)}}
-    summary = getattr(value, "summary", None)
-    if callable(summary):
-        return summarize(summary(), depth + 1)
+    try:  # a role's object whose `shape` or `summary()` fails is described, not a crash of the stream
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            return {"tensor": {"shape": [int(d) for d in value.shape], "dtype": str(value.dtype).removeprefix("torch.")}}
+        if isinstance(value, (bytes, bytearray)):
+            return {"bytes": {"length": len(value)}}
+        summary = getattr(value, "summary", None)
+        if callable(summary):
+            return summarize(summary(), depth + 1)
+    except Exception as error:  # noqa: BLE001 - user code: its failure is part of the description
+        return {"object": type(value).__name__, "error": f"{type(error).__name__}: {error}"}
     return {"object": type(value).__name__}
+
+
+def event_json(event: dict[str, Any]) -> str:
+    """One event as one line of JSON (no newline): its values summarised."""
+    return _ENCODE(summarize(event))

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -112,3 +115,102 @@ def test_examples_run_from_the_repository():
     result = flowc("run", "examples/agent_loop/pipeline.flow", "--once", "ask", "--input", '{"question": "5+5"}', cwd=REPO)
     assert result.returncode == 0
     assert {"event": "return", "field": "answer", "value": "the sum is 10"} in events(result)
+
+
+STREAMING = """
+placeholder start: Json
+placeholder text: Text
+placeholder blob: Bytes
+
+role waiter {
+    impl "waiting:Waiter"
+    interface wait { in start  out stream tick: Json }
+}
+
+role typed {
+    impl "waiting:Typed"
+    interface run { in text & blob  out size: Json }
+}
+
+graph g {
+    entry  start
+    stream tick
+}
+
+graph typed {
+    entry  text, blob
+    return size
+}
+"""
+
+WAITING = """
+import asyncio
+
+
+class Waiter:
+    async def wait(self, ctx, start):
+        yield {"tick": 0}  # the test sends its signal once it has read this line
+        await asyncio.Event().wait()
+
+
+class Typed:
+    async def run(self, ctx, text, blob):
+        return {"size": [len(text), len(blob), type(blob).__name__]}
+"""
+
+
+def streaming_project(tmp_path):
+    (tmp_path / "pipeline.flow").write_text(STREAMING)
+    (tmp_path / "waiting.py").write_text(WAITING)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_cancels_the_once_call_prints_done_and_exits_128_plus_its_number(tmp_path, signum, code):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flowc", "run", "pipeline.flow", "--once", "g", "--input", '{"start": 1}'],
+        cwd=streaming_project(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert json.loads(process.stdout.readline()) == {"event": "stream", "field": "tick", "value": 0}
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == code, err
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"event": "done", "status": "cancelled", "errors": [], "missing": [], "reason": "shutdown"}
+    ]
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["0", "nan", "inf", "-5", "-inf", "soon"])
+def test_a_timeout_that_would_hang_or_cancel_at_once_is_refused(tmp_path, value):
+    result = flowc(
+        "run", "pipeline.flow", "--once", "g", "--input", '{"request": 1}', f"--timeout={value}", cwd=project(tmp_path)
+    )
+    assert result.returncode == 2 and not result.stdout
+    assert "--timeout:" in result.stderr and repr(value) in result.stderr and "Traceback" not in result.stderr
+
+
+def test_entry_values_are_checked_against_their_declared_types(tmp_path):
+    root = streaming_project(tmp_path)
+    wrong = flowc("run", "pipeline.flow", "--once", "typed", "--input", '{"text": 42, "blob": "aGk="}', cwd=root)
+    assert wrong.returncode == 2 and not wrong.stdout
+    assert "entry `text` is declared `Text` and takes a string, not a number (42)" in wrong.stderr
+    not_base64 = flowc("run", "pipeline.flow", "--once", "typed", "--input", '{"text": "a", "blob": "%%%"}', cwd=root)
+    assert not_base64.returncode == 2 and "entry `blob` is declared `Bytes`" in not_base64.stderr
+    right = flowc("run", "pipeline.flow", "--once", "typed", "--input", '{"text": "abc", "blob": "aGk="}', cwd=root)
+    assert right.returncode == 0, right.stderr
+    assert events(right)[0] == {"event": "return", "field": "size", "value": [3, 2, "bytes"]}  # base64 → bytes
+
+
+def test_role_errors_are_logged_on_stderr_with_the_traceback_under_debug(tmp_path):
+    root = project(tmp_path)
+    plain = flowc("run", "pipeline.flow", "--once", "g", "--input", '{"request": "fail"}', cwd=root)
+    debug = flowc("--debug", "run", "pipeline.flow", "--once", "g", "--input", '{"request": "fail"}', cwd=root)
+    for result in (plain, debug):
+        assert result.returncode == 1
+        assert [e["event"] for e in events(result)] == ["done"]  # stdout: events only
+    assert "Traceback" not in plain.stderr
+    assert "Traceback" in debug.stderr and "workers.py" in debug.stderr and "ValueError: cannot do that" in debug.stderr

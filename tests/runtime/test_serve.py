@@ -129,7 +129,13 @@ def test_a_call_streams_the_events_flowc_run_once_prints(image_chat_bundle: Path
     with serving(image_chat_bundle) as server:
         assert server.get("/health") == (200, {"status": "ok", "bundle": "image_chat", "graphs": ["chat"], "core": CORE})
         status, described = server.get("/graphs")
-        assert described["chat"] == {"entry": ["request"], "stream": ["token"], "return": ["image"], "timeout_s": None}
+        assert described["chat"] == {
+            "entry": ["request"],
+            "types": {"request": "Json"},
+            "stream": ["token"],
+            "return": ["image"],
+            "timeout_s": None,
+        }
         response = server.post("/graphs/chat", request, {"X-Flow-Session": "s1"})
         assert response.status == 200 and response.getheader("Content-Type") == "application/x-ndjson"
         got = lines(response)
@@ -144,7 +150,7 @@ def test_a_call_streams_the_events_flowc_run_once_prints(image_chat_bundle: Path
     [
         ("/graphs/chat", b"{not json", 400, "not JSON"),
         ("/graphs/chat", b"[1, 2]", 400, "JSON list, not an object"),
-        ("/graphs/chat?timeout=soon", b"{}", 400, "`timeout` must be a number"),
+        ("/graphs/chat?timeout=soon", b"{}", 400, "`timeout`: expected a number of seconds"),
         ("/graphs/draw", b"{}", 404, "no graph `draw`"),
         ("/graphs/chat", b'{"prompt": "hi"}', 422, "missing request; unexpected prompt"),
     ],
@@ -200,3 +206,23 @@ def test_a_bundle_serves_itself_without_the_compiler(image_chat_bundle: Path):
     with serving(image_chat_bundle, command, cwd=image_chat_bundle.parent) as server:
         assert server.get("/health")[1]["bundle"] == "image_chat"  # the flow's name, whatever the directory
         assert lines(server.post("/graphs/chat", (IMAGE_CHAT / "request.json").read_bytes()))[-1]["status"] == "ok"
+
+
+def test_a_call_over_before_its_first_write_is_one_plain_answer(image_chat_bundle: Path):
+    with serving(image_chat_bundle) as server:
+        response = server.post("/graphs/chat", (IMAGE_CHAT / "request.json").read_bytes())
+        assert response.status == 200 and response.getheader("Content-Type") == "application/x-ndjson"
+        body = response.read()
+        assert int(response.getheader("Content-Length")) == len(body)  # not chunked: written at once
+        assert json.loads(body.splitlines()[-1])["status"] == "ok"
+
+
+def test_idle_sessions_are_capped_and_counted_in_stats(image_chat_bundle: Path):
+    command = [sys.executable, "-m", "flowc", "run", str(image_chat_bundle), "--http", "127.0.0.1:0", "--max-sessions", "3"]
+    with serving(image_chat_bundle, command) as server:
+        for i in range(8):  # image_chat's llm keeps each session's history in its `kv` global
+            response = server.post("/graphs/chat", (IMAGE_CHAT / "request.json").read_bytes(), {"X-Flow-Session": f"s{i}"})
+            assert lines(response)[-1]["status"] == "ok"
+        status, statistics = server.get("/stats?idle=10")
+        assert status == 200 and statistics["sessions"] == statistics["idle_sessions"] == 3
+        assert statistics["calls"] == statistics["queued_calls"] == 0

@@ -101,13 +101,19 @@ def build_bundle(program: Program, source: Path, out: Path, targets: tuple[str, 
             "source": {"file": source.name, "sha256": digest, "modules": [m.name for m in program.modules]},
             # impl modules are imported with the .flow file's directory and its parent on the path
             "python_path": sorted({_relative(source_dir, out), _relative(source_dir.parent, out)}),
-            "graphs": {name: views.graph_summary(g) for name, g in plan.graphs.items()},
+            "graphs": {name: views.graph_summary(g, entry_types(program, g.entry)) for name, g in plan.graphs.items()},
             "roles": {name: {"impl": r.impl, "module": f"nodes/{name}.py"} for name, r in plan.roles.items()},
             "targets": sorted(targets),
             "files": sorted([*files, "bundle.json"]),
         }
     )
     return Bundle(plan.flow, dict(sorted(files.items())))
+
+
+def entry_types(program: Program, entry: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """Each entry placeholder's declared type, aliases resolved (`Text`, `[Image]`): the runtime
+    checks entry values against them when a call starts (docs/runtime.md, "Entry values")."""
+    return {name: str(program.type_of(program.placeholders[name].type)) for name in entry}
 
 
 def _json(data: object) -> str:

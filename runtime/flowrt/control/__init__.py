@@ -1,7 +1,7 @@
 """flowrt's control flow: node tables executed by lookup, buckets, order, joins, completion.
 
 The public names are re-exported here; the modules own one piece each (program, signals,
-bucket, sequencer, roles, call, runtime). `COMPILED` says whether the core runs compiled
+bucket, sequencer, roles, call, impls, sessions, runtime). `COMPILED` says whether the core runs compiled
 or from its Python sources, and `CORE` says why (flowrt.control.native).
 """
 
@@ -12,21 +12,25 @@ COMPILED, CORE = native.select()  # before the core's modules are imported
 from flowrt.control.bucket import Bucket  # noqa: E402
 from flowrt.control.call import Call  # noqa: E402
 from flowrt.control.roles import Context  # noqa: E402
-from flowrt.control.runtime import BadInputs, FlowrtError, GCScheduler, Runtime, UnknownGraph  # noqa: E402
+from flowrt.control.runtime import BadInputs, BadTimeout, FlowrtError, RoleError, Runtime, UnknownGraph  # noqa: E402
 from flowrt.control.sequencer import Sequencer  # noqa: E402
+from flowrt.control.sessions import GCScheduler, SessionStore  # noqa: E402
 from flowrt.control.signals import Reason  # noqa: E402
 
 __all__ = [
     "COMPILED",
     "CORE",
     "BadInputs",
+    "BadTimeout",
     "Bucket",
     "Call",
     "Context",
     "FlowrtError",
     "GCScheduler",
     "Reason",
+    "RoleError",
     "Runtime",
     "Sequencer",
+    "SessionStore",
     "UnknownGraph",
 ]

@@ -6,102 +6,69 @@
     await runtime.close()
 
 Calls of one session run one at a time in arrival order (GCScheduler); calls of different
-sessions run concurrently. Every stateful piece reports `statistics()` so tests can assert
-that nothing outlives its call.
+sessions run concurrently. A call's lifecycle is admission (its session's turn), the call, and
+retirement (its turn released, its session's state kept or dropped); retirement belongs to the
+call's end, not to its caller, so a caller that goes away in any way (a closed iterator, a
+cancelled task, a failed write) never leaves a call or a session behind. Every stateful piece
+reports `statistics()` so tests can assert that nothing outlives its call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import itertools
 import logging
-import sys
-from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flowrt.bundle import Bundle, load_bundle
+from flowrt import options
+from flowrt.bundle import Bundle, BundleError, load_bundle
+from flowrt.control import impls
 from flowrt.control.call import Call
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context, RoleBinding
+from flowrt.control.sessions import GCScheduler, SessionStore
+from flowrt.entry_types import EntryTypeError, checker
+from flowrt.errors import BadInputs, BadTimeout, FlowrtError, RoleError, UnknownGraph, place
+from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 from flowrt.tables import RoleSpec, node_tables
 
-
-class FlowrtError(Exception):
-    """A problem a user can fix: a missing impl, a bad input, an unknown graph."""
-
-
-class UnknownGraph(FlowrtError):
-    """A call named a graph the bundle does not have."""
-
-
-class BadInputs(FlowrtError):
-    """A call's inputs do not match the graph's entry placeholders."""
-
-
-class GCScheduler:
-    """Session FIFO: a session's graph calls run one at a time, in order; sessions are independent."""
-
-    __slots__ = ("queues",)
-
-    def __init__(self) -> None:
-        # per session: the running call's turn (None once granted), then the waiting ones
-        self.queues: dict[str, deque[asyncio.Future | None]] = {}
-
-    def enter(self, session: str) -> bool:
-        """Take the session's turn at once if no call of it is running or queued."""
-        if session in self.queues:
-            return False
-        self.queues[session] = deque([None])  # the running call's turn, already granted
-        return True
-
-    async def acquire(self, session: str) -> None:
-        """Wait for the session's turn (after `enter` said it is taken)."""
-        queue = self.queues.setdefault(session, deque())
-        turn = asyncio.get_running_loop().create_future()
-        queue.append(turn)
-        if len(queue) == 1:
-            turn.set_result(None)
-        try:
-            await turn
-        except asyncio.CancelledError:
-            self._drop(session, turn)
-            raise
-
-    def release(self, session: str) -> None:
-        queue = self.queues.get(session)
-        if not queue:
-            return
-        queue.popleft()
-        if queue:
-            queue[0].set_result(None)
-        else:
-            del self.queues[session]
-
-    def _drop(self, session: str, turn: asyncio.Future) -> None:
-        queue = self.queues.get(session)
-        if queue and turn in queue:
-            first = queue[0] is turn
-            queue.remove(turn)
-            if first and queue:
-                queue[0].set_result(None)
-            if not queue:
-                del self.queues[session]
-
-    def statistics(self) -> dict[str, int]:
-        return {"sessions": len(self.queues), "queued_calls": sum(len(q) for q in self.queues.values())}
+__all__ = ["BadInputs", "BadTimeout", "FlowrtError", "GCScheduler", "RoleError", "Runtime", "UnknownGraph"]
 
 
 class Runtime:
-    def __init__(self, bundle: Bundle):
+    def __init__(
+        self,
+        bundle: Bundle,
+        *,
+        session_ttl: float = DEFAULT_SESSION_TTL,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.bundle = bundle
         self.roles: dict[str, RoleSpec] = bundle.roles
-        self.programs: dict[str, GraphProgram] = {
-            graph: GraphProgram(graph, plan, {node_id: node_tables(node) for node_id, node in plan["nodes"].items()})
-            for graph, plan in bundle.plan["graphs"].items()
+        try:
+            self.programs: dict[str, GraphProgram] = {
+                graph: GraphProgram(graph, plan, {node_id: node_tables(node) for node_id, node in plan["nodes"].items()})
+                for graph, plan in bundle.plan["graphs"].items()
+            }
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise BundleError(
+                f"{bundle.path}/plan.json is malformed ({type(error).__name__}: {error}); rebuild the bundle with `flowc build`"
+            ) from None
+        # per graph: the check of each entry placeholder whose declared type restricts its value
+        self.entry_checks: dict[str, dict[str, Callable[[Any], Any]]] = {}
+        for graph, summary in bundle.manifest.get("graphs", {}).items():
+            types = summary.get("types", {}) if isinstance(summary, dict) else {}
+            self.entry_checks[graph] = {
+                name: check for name, text in sorted(types.items()) if (check := checker(str(text))) is not None
+            }
+        self.entry_types: dict[str, dict[str, str]] = {
+            graph: dict(summary.get("types", {})) for graph, summary in bundle.manifest.get("graphs", {}).items()
         }
         self.instances: dict[str, list[Any]] = {}
         self.bindings: dict[str, RoleBinding] = {}
@@ -109,38 +76,68 @@ class Runtime:
         self.globals: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
         self.global_names = sorted({name for role in self.roles.values() for name in role.uses})
         self.scheduler = GCScheduler()
+        self.sessions = SessionStore(
+            self.globals,
+            self.global_names,
+            options.session_ttl_seconds(session_ttl),
+            options.session_cap(max_sessions),
+            clock,
+        )
         self.calls: set[Call] = set()
         self.call_ids = itertools.count(1)
         self.log = logging.getLogger(f"flowrt.{bundle.name}")
         self.last_call: Call | None = None  # the most recent finished call, for inspection
         self._idle_waiters: list[asyncio.Future] = []  # wait_idle() callers, woken when no call is in flight
+        self._retiring: set[asyncio.Task] = set()  # calls whose caller left, retired when they end
 
     @classmethod
-    async def open(cls, path: str | Path, instances: dict[str, list[Any]] | None = None) -> Runtime:
-        """Load a bundle and instantiate its roles (`instances` overrides impls, e.g. in tests)."""
-        runtime = cls(load_bundle(Path(path)))
+    async def open(
+        cls,
+        path: str | Path,
+        instances: dict[str, list[Any]] | None = None,
+        *,
+        session_ttl: float = DEFAULT_SESSION_TTL,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Runtime:
+        """Load a bundle, import, construct and check its roles, and run their `setup`
+        (`instances` overrides impls, e.g. in tests). Idle sessions keep their state for
+        `session_ttl` seconds, at most `max_sessions` of them (`clock` tells the time)."""
+        runtime = cls(load_bundle(Path(path)), session_ttl=session_ttl, max_sessions=max_sessions, clock=clock)
         await runtime._instantiate(instances or {})
         return runtime
 
     async def close(self) -> None:
+        """Cancel the calls in flight (reason "shutdown") and wait until each has ended."""
+        self.cancel_all("shutdown")
         for call in list(self.calls):
-            call.cancel("shutdown")
             await call.wait_ended()
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+        self.sessions.close()
+
+    def cancel_all(self, reason: str) -> None:
+        """Cancel every call in flight; their `done` events say `reason`."""
+        for call in list(self.calls):
+            call.cancel(reason)
 
     # ── roles ──
 
     async def _instantiate(self, overrides: dict[str, list[Any]]) -> None:
+        python_path = self.bundle.python_path
         for name, role in sorted(self.roles.items()):
             if name in overrides:
                 self.instances[name] = list(overrides[name])
             else:
-                cls = self._import_impl(role)
-                self.instances[name] = [cls() for _ in range(role.replicas)]
+                cls = impls.import_impl(role, python_path, self.bundle.path)
+                self.instances[name] = impls.construct(role, cls, python_path)
+            for instance in self.instances[name]:
+                impls.check_instance(role, instance)
+        for name, role in sorted(self.roles.items()):
             for replica, instance in enumerate(self.instances[name]):
                 setup = getattr(instance, "setup", None)
                 if setup is not None:
-                    ctx = Context("", 0, "", name, "setup", {}, self.log, replica)
-                    await setup(ctx)
+                    await self._setup(name, replica, setup)
             self.bindings[name] = RoleBinding(role, self.instances[name], self.globals, self.log)
         for program in self.programs.values():
             for node in program.nodes:
@@ -150,54 +147,32 @@ class Runtime:
                     node.generator = any(inspect.isasyncgenfunction(m) for m in node.methods if m is not None)
                     node.timeout = self.roles[node.role].interfaces[node.method].timeout_s
 
-    def _import_impl(self, role: RoleSpec) -> type:
-        module_name, _, class_name = role.impl.partition(":")
-        for path in reversed(self.bundle.python_path):
-            if str(path) not in sys.path:
-                sys.path.insert(0, str(path))
+    async def _setup(self, role: str, replica: int, setup: Any) -> None:
+        ctx = Context("", 0, "", role, "setup", {}, self.log, replica)
         try:
-            module = importlib.import_module(module_name)
-        except ImportError as error:
-            top = sys.modules.get(module_name.split(".")[0])
-            if top is not None and Path(getattr(top, "__file__", None) or "/").resolve().parent == self.bundle.path.resolve():
-                raise FlowrtError(
-                    f"role `{role.name}`: `{module_name}` resolves into the bundle itself, because the bundle's directory "
-                    f"is named `{self.bundle.path.name}` like the impl's package; build it into a directory with another name"
-                ) from None
-            where = ", ".join(str(p) for p in self.bundle.python_path) or "the import path"
-            raise FlowrtError(
-                f"role `{role.name}`: cannot import `{module_name}` ({error}); flowrt looked in {where}. "
-                f"Put `{module_name.replace('.', '/')}.py` beside the .flow file or its parent directory"
+            await setup(ctx)
+        except Exception as error:  # noqa: BLE001 - the user's setup: a clear error, not a traceback
+            self.log.debug("role %s: setup of replica %d raised", role, replica, exc_info=True)
+            where = place(error, self.bundle.python_path)
+            raise RoleError(
+                f"role `{role}`: setup() of replica {replica} raised {type(error).__name__}: {error}"
+                + (f" at {where}" if where else "")
+                + "; fix setup (it runs once per replica when the runtime opens)"
             ) from None
-        target: Any = module
-        for part in class_name.split("."):
-            target = getattr(target, part, None)
-            if target is None:
-                raise FlowrtError(
-                    f"role `{role.name}`: module `{module_name}` has no `{class_name}`; check `impl` in the .flow file"
-                )
-        return target
 
     # ── calls ──
 
     async def call(
         self, graph: str, inputs: dict[str, Any], session: str | None = None, timeout: float | None = None
     ) -> AsyncIterator[dict]:
-        """Call a graph; yields its events (stream, return, done) as dicts."""
-        program = self.validate(graph, inputs)
-        call_id = next(self.call_ids)
-        anonymous = session is None  # its own session: no later call can share its globals
-        session = f"call-{call_id}" if anonymous else session
-        if not self.scheduler.enter(session):
-            await self.scheduler.acquire(session)
-        call = Call(self, program, dict(inputs), session, call_id)
-        self.calls.add(call)
-        deadline = timeout if timeout is not None else program.timeout
-        loop = asyncio.get_running_loop()
-        watchdog = loop.call_later(deadline, call.cancel, "timeout") if deadline else None
+        """Call a graph; yields its events (stream, return, done) as dicts. Bad inputs raise
+        UnknownGraph, BadInputs or BadTimeout at the first step."""
+        program, inputs, deadline = self._prepare(graph, inputs, timeout)
+        call, watchdog, anonymous = await self._admit(program, inputs, session, deadline)
         try:
             call.start()
             outbox = call.outbox
+            loop = call.loop
             while True:
                 if not outbox:
                     call.waiter = loop.create_future()
@@ -207,29 +182,145 @@ class Runtime:
                     break
                 yield event
         finally:
-            if watchdog is not None:
-                watchdog.cancel()
-            if not call.ended:
-                call.cancel("client gone")  # the caller went away: cancel the call's work
-                await call.wait_ended()
-            self.calls.discard(call)
-            if not self.calls and self._idle_waiters:
-                for waiter in self._idle_waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
-                self._idle_waiters.clear()
-            self.scheduler.release(session)
-            if anonymous:
-                for name in self.global_names:
-                    self.globals.pop((session, name), None)
-            self.last_call = call
+            await self._leave(call, watchdog, anonymous)
 
-    def validate(self, graph: str, inputs: dict[str, Any]) -> GraphProgram:
+    def call_batches(
+        self, graph: str, inputs: dict[str, Any], session: str | None = None, timeout: float | None = None
+    ) -> AsyncIterator[list[dict]]:
+        """Like `call`, but bad inputs raise here, at once, and the events come in lists: all
+        the events ready when the caller asks, so a server can write them at once."""
+        program, inputs, deadline = self._prepare(graph, inputs, timeout)
+        return self._batches(program, inputs, session, deadline)
+
+    async def _batches(
+        self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None
+    ) -> AsyncIterator[list[dict]]:
+        call, watchdog, anonymous = await self._admit(program, inputs, session, deadline)
+        try:
+            call.start()
+            outbox = call.outbox
+            loop = call.loop
+            while True:
+                if not outbox:
+                    call.waiter = loop.create_future()
+                    await call.waiter
+                batch = list(outbox)
+                outbox.clear()
+                if batch[-1] is None:  # the call's last event is followed by None
+                    batch.pop()
+                    if batch:
+                        yield batch
+                    break
+                yield batch
+        finally:
+            await self._leave(call, watchdog, anonymous)
+
+    def _prepare(self, graph: str, inputs: dict[str, Any], timeout: float | None) -> tuple[GraphProgram, dict, float | None]:
+        program, checked = self.check_inputs(graph, inputs)
+        if timeout is None:
+            return program, checked, program.timeout
+        try:
+            return program, checked, options.timeout_seconds(timeout)
+        except ValueError as error:
+            raise BadTimeout(f"timeout: {error}") from None
+
+    async def _admit(
+        self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None
+    ) -> tuple[Call, asyncio.TimerHandle | None, bool]:
+        """Wait for the session's turn; the call (not started), its watchdog, and whether its
+        session is its own."""
+        call_id = next(self.call_ids)
+        if session is None:
+            session = f"call-{call_id}"  # its own session: no later call can share its globals
+            anonymous = True
+        else:
+            anonymous = False
+            self.sessions.busy(session)
+        if not self.scheduler.enter(session):
+            try:
+                await self.scheduler.acquire(session)
+            except BaseException:
+                if session not in self.scheduler.queues:
+                    self._rest(session, anonymous)
+                    self._wake_idle()
+                raise
+        call = Call(self, program, inputs, session, call_id)
+        self.calls.add(call)
+        watchdog = call.loop.call_later(deadline, call.cancel, "timeout") if deadline else None
+        return call, watchdog, anonymous
+
+    async def _leave(self, call: Call, watchdog: asyncio.TimerHandle | None, anonymous: bool) -> None:
+        """The caller is done with `call`: retire it now if it has ended; else cancel it
+        ("client gone") and wait for its end, which retires it even if this wait is cancelled
+        in turn (a server's handler is cancelled when its client disconnects, possibly while
+        it is already closing the call after a failed write)."""
+        if watchdog is not None:
+            watchdog.cancel()
+        if call.ended:
+            self._retire(call, anonymous)
+            return
+        call.cancel("client gone")
+        retiring = asyncio.ensure_future(self._retire_when_ended(call, anonymous))
+        self._retiring.add(retiring)
+        retiring.add_done_callback(self._retiring.discard)
+        await asyncio.shield(retiring)
+
+    async def _retire_when_ended(self, call: Call, anonymous: bool) -> None:
+        await call.wait_ended()
+        self._retire(call, anonymous)
+
+    def _retire(self, call: Call, anonymous: bool) -> None:
+        """The call has ended and its caller is gone: release its session's turn, keep or drop
+        the session's state, and wake `wait_idle` callers if nothing is in flight."""
+        self.calls.discard(call)
+        session = call.session
+        self.scheduler.release(session)
+        if session not in self.scheduler.queues:
+            self._rest(session, anonymous)
+        self.last_call = call
+        self._wake_idle()
+
+    def _wake_idle(self) -> None:
+        if self._idle_waiters and not self.calls and not self.scheduler.queues:
+            for waiter in self._idle_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._idle_waiters.clear()
+
+    def _rest(self, session: str, anonymous: bool) -> None:
+        """No call of `session` is running or queued any more."""
+        if anonymous:
+            self.sessions.drop(session)
+        else:
+            self.sessions.rest(session)
+
+    def check_inputs(self, graph: str, inputs: dict[str, Any]) -> tuple[GraphProgram, dict[str, Any]]:
+        """The program of `graph` and the inputs as its roles get them (a base64 string for a
+        `Bytes` placeholder becomes bytes); UnknownGraph or BadInputs saying why not."""
+        program = self.validate(graph, inputs, types=False)
+        checks = self.entry_checks.get(graph)
+        if not checks:
+            return program, inputs
+        checked = dict(inputs)
+        for name, check in checks.items():
+            try:
+                checked[name] = check(inputs[name])
+            except EntryTypeError as error:
+                raise BadInputs(
+                    f"graph `{graph}`: entry `{name}` is declared `{self.entry_types[graph][name]}` and {error}"
+                ) from None
+            except RecursionError:
+                raise BadInputs(f"graph `{graph}`: entry `{name}` is nested too deeply to check") from None
+        return program, checked
+
+    def validate(self, graph: str, inputs: dict[str, Any], types: bool = True) -> GraphProgram:
         """The program of `graph` if `inputs` can call it; else UnknownGraph or BadInputs saying why."""
         program = self.programs.get(graph)
         if program is None:
             raise UnknownGraph(f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.programs)}")
         if isinstance(inputs, dict) and inputs.keys() == program.entry_set:
+            if types and self.entry_checks.get(graph):
+                self.check_inputs(graph, inputs)
             return program
         if not isinstance(inputs, Mapping):
             raise BadInputs(
@@ -244,20 +335,27 @@ class Runtime:
         )
 
     async def wait_idle(self) -> None:
-        """Return once no call is in flight."""
-        if self.calls:
+        """Return once no call is running or queued."""
+        if self.calls or self.scheduler.queues:
             waiter = asyncio.get_running_loop().create_future()
             self._idle_waiters.append(waiter)
             await waiter
 
     def statistics(self) -> dict[str, int]:
+        """What the runtime holds now: `calls` running (with their tables summed), `queued_calls`
+        waiting for their session's turn, `sessions` with a call running or queued or with state
+        kept while idle (`idle_sessions`), and replicas running activations."""
+        self.sessions.evict()
         totals: dict[str, int] = defaultdict(int)
         for call in self.calls:
             for key, value in call.statistics().items():
                 totals[key] += value
+        scheduled = self.scheduler.statistics()
         return {
             "calls": len(self.calls),
             **totals,
-            **self.scheduler.statistics(),
+            "queued_calls": scheduled["queued_calls"],
+            "sessions": scheduled["active_sessions"] + len(self.sessions.idle),
+            "idle_sessions": len(self.sessions.idle),
             "busy_replicas": sum(b.busy_replicas() for b in self.bindings.values()),
         }

@@ -1,0 +1,193 @@
+"""What serving costs on top of the call: the image_chat example called embedded and over HTTP.
+
+In ONE run, alternating batches (so machine drift hits both alike), it measures:
+- embedded: `Runtime.call` on the built examples/image_chat bundle in this process, events
+  consumed and dropped (CPU µs per call of this process);
+- served: the same bundle served by `flowc run DIR --http` in a subprocess, called over one
+  keep-alive loopback connection, one request at a time (CPU µs per request of the server
+  process, from /proc/PID/stat, so the client's own work is not counted), and how many
+  HTTP chunks (one per server write after the headers) each answer came in; 0 is a plain
+  answer with a Content-Length, written at once.
+It prints the medians over batches and served/embedded, the ratio the goal is about (≤ 2).
+
+    python bench/serve_overhead.py [--requests 2000] [--batches 7] [--profile]
+
+`--profile` runs the server under cProfile instead and prints where its time goes (set
+FLOWRT_PURE=1 to see the control core's functions too; compiled, they are invisible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pstats
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+REQUEST = json.loads((REPO / "examples" / "image_chat" / "request.json").read_text())
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def build(out: Path) -> Path:
+    bundle = out / "chat_bundle"
+    command = [sys.executable, "-m", "flowc", "build", str(REPO / "examples/image_chat/pipeline.flow"), "-o", str(bundle)]
+    subprocess.run(command, check=True, capture_output=True, cwd=REPO)
+    return bundle
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection; reads chunked answers and counts their chunks."""
+
+    def __init__(self, host: str, port: int):
+        self.sock = socket.create_connection((host, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.file = self.sock.makefile("rb")
+        body = json.dumps(REQUEST).encode()
+        self.request = (
+            f"POST /graphs/chat HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+
+    def call(self) -> tuple[int, bytes]:
+        """(chunks the answer came in, 0 for a plain answer with a Content-Length; its last line)."""
+        self.sock.sendall(self.request)
+        status = self.file.readline()
+        assert status.startswith(b"HTTP/1.1 200"), status
+        length = None
+        while (header := self.file.readline()) not in (b"\r\n", b""):
+            name, _, value = header.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if length is not None:
+            return 0, self.file.read(length).rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        chunks, last = 0, b""
+        while True:
+            size = int(self.file.readline().strip(), 16)
+            if size == 0:
+                self.file.readline()
+                return chunks, last
+            data = self.file.read(size)
+            self.file.readline()
+            chunks += 1
+            last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+def start_server(bundle: Path, profile: Path | None = None) -> tuple[subprocess.Popen, str, int]:
+    command = [sys.executable]
+    if profile is not None:
+        command += ["-m", "cProfile", "-o", str(profile)]
+    command += ["-m", "flowc", "run", str(bundle), "--http", "127.0.0.1:0"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    banner = process.stdout.readline()
+    assert banner.startswith("serving "), banner + process.stderr.read()
+    host, port = banner.split("http://", 1)[1].strip().rsplit(":", 1)
+    return process, host, int(port)
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+
+
+def served_batch(process: subprocess.Popen, client: Client, requests: int) -> tuple[float, float]:
+    """(server CPU µs per request, chunks per answer)."""
+    before = cpu_seconds(process.pid)
+    chunks = 0
+    for _ in range(requests):
+        count, last = client.call()
+        chunks += count
+        assert json.loads(last)["status"] == "ok", last
+    return (cpu_seconds(process.pid) - before) / requests * 1e6, chunks / requests
+
+
+async def embedded_batch(runtime, requests: int) -> float:
+    """CPU µs per embedded call (events consumed, not serialised)."""
+    before = time.process_time()
+    for _ in range(requests):
+        async for _event in runtime.call("chat", REQUEST):
+            pass
+    return (time.process_time() - before) / requests * 1e6
+
+
+def measure(requests: int, batches: int) -> None:
+    from flowrt.control import CORE, Runtime
+
+    print(f"flowrt control core: {CORE}")
+    with tempfile.TemporaryDirectory() as scratch:
+        bundle = build(Path(scratch))
+        process, host, port = start_server(bundle)
+        client = Client(host, port)
+        loop = asyncio.new_event_loop()
+        try:
+            runtime = loop.run_until_complete(Runtime.open(bundle))
+            served_batch(process, client, 50)  # warm both up
+            loop.run_until_complete(embedded_batch(runtime, 50))
+            embedded, served, chunks = [], [], []
+            for _ in range(batches):
+                embedded.append(loop.run_until_complete(embedded_batch(runtime, requests)))
+                cpu, per_answer = served_batch(process, client, requests)
+                served.append(cpu)
+                chunks.append(per_answer)
+            loop.run_until_complete(runtime.close())
+        finally:
+            client.close()
+            stop_server(process)
+            loop.close()
+    e, s = statistics.median(embedded), statistics.median(served)
+    print(
+        f"requests per batch: {requests}, batches: {batches} (alternating), 8 events per call (6 streamed tokens, 1 return, done)"
+    )
+    print("| path | CPU µs per call (median) | min | max | HTTP chunks per answer |")
+    print("|---|---:|---:|---:|---:|")
+    print(f"| embedded `Runtime.call` | {e:.0f} | {min(embedded):.0f} | {max(embedded):.0f} | - |")
+    print(f"| served (server process) | {s:.0f} | {min(served):.0f} | {max(served):.0f} | {statistics.median(chunks):.1f} |")
+    print(f"served/embedded = {s / e:.2f}x (goal: ≤ 2x)")
+
+
+def profile(requests: int) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        bundle = build(Path(scratch))
+        stats_file = Path(scratch) / "server.prof"
+        process, host, port = start_server(bundle, stats_file)
+        client = Client(host, port)
+        try:
+            for _ in range(requests):
+                client.call()
+        finally:
+            client.close()
+            stop_server(process)
+        stats = pstats.Stats(str(stats_file))
+        stats.sort_stats("tottime").print_stats(25)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=2000, help="calls per batch")
+    parser.add_argument("--batches", type=int, default=7, help="batches of each path, alternating")
+    parser.add_argument("--profile", action="store_true", help="profile the server instead")
+    args = parser.parse_args()
+    if args.profile:
+        profile(args.requests * args.batches)
+    else:
+        measure(args.requests, args.batches)
+
+
+if __name__ == "__main__":
+    main()

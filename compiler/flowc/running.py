@@ -1,0 +1,135 @@
+"""What `flowc run` does once its options are read: one call (`--once`) or serving, on flowrt.
+
+Problems the user can fix (a bundle or role that cannot open, an input that does not fit, an
+address that is taken) become click errors (exit 2, one line, no traceback). The runtime's log
+goes to stderr (flowrt.logs), so stdout carries only a call's events or the server's banner.
+
+`--once` and signals: SIGINT or SIGTERM cancels the call (its `done` event says `cancelled`,
+reason `shutdown`) and the command exits 128 + the signal's number (130, 143), as a shell
+expects of a process a signal stopped; a second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def parse_input(text: str) -> dict:
+    """`--input`: a JSON object, or @FILE holding one."""
+    source = "--input"
+    if text.startswith("@"):
+        source = text[1:]
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except OSError as error:
+            raise click.UsageError(f"--input: cannot read {source}: {error.strerror or error}") from None
+        except UnicodeDecodeError as error:
+            raise click.UsageError(f"--input: {source} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise click.UsageError(f"{source} is nested too deeply to read as JSON") from None
+    except ValueError as error:
+        raise click.UsageError(f"--input is not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise click.UsageError("--input must be a JSON object mapping each entry placeholder to its value")
+    return value
+
+
+def option_value(check: Any, name: str, value: Any) -> Any:
+    """`value` through one of flowrt.options' checks, or a usage error naming the option."""
+    if value is None:
+        return None
+    try:
+        return check(value)
+    except ValueError as error:
+        raise click.UsageError(f"{name}: {error}") from None
+
+
+class _Signals:
+    """SIGINT/SIGTERM during `--once`: cancel the call, or stop opening the bundle."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.runtime: Any = None  # set once the call can be cancelled
+        self.task = asyncio.current_task()
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in SIGNALS:
+            loop.add_signal_handler(signum, self.handle, signum)
+
+    def handle(self, signum: int) -> None:
+        if self.received is not None:  # a second signal: do not wait for roles that are slow to stop
+            print(f"flowc: {signal.Signals(signum).name} again; exiting without waiting for the call", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(128 + signum)
+        self.received = signum
+        if self.runtime is not None:
+            self.runtime.cancel_all("shutdown")
+        elif self.task is not None:
+            self.task.cancel()  # still opening the bundle (a role's setup, say): stop there
+
+
+async def run_once(bundle_dir: Path, graph: str, inputs: dict, session: str | None, timeout: float | None) -> int:
+    """Call `graph` once, print its events as JSON lines; the exit status."""
+    from flowrt.control import FlowrtError, Runtime
+    from flowrt.values import event_json
+
+    signals = _Signals()
+    signals.install()
+    try:
+        runtime = await Runtime.open(bundle_dir)
+    except FlowrtError as error:
+        raise click.UsageError(str(error)) from None
+    except asyncio.CancelledError:
+        if signals.received is None:
+            raise
+        print(f"flowc: {signal.Signals(signals.received).name}: stopped while opening the bundle", file=sys.stderr)
+        return 128 + signals.received
+    status = "error"
+    try:
+        signals.runtime = runtime
+        if signals.received is not None:
+            return 128 + signals.received
+        async for event in runtime.call(graph, inputs, session=session, timeout=timeout):
+            click.echo(event_json(event))
+            if event["event"] == "done":
+                status = event["status"]
+    except FlowrtError as error:
+        raise click.UsageError(str(error)) from None
+    finally:
+        await runtime.close()
+    if signals.received is not None:
+        return 128 + signals.received
+    return 0 if status == "ok" else 1
+
+
+def serve_bundle(bundle_dir: Path, http: str, session_ttl: float, max_sessions: int, max_body_mb: float) -> None:
+    """Serve over HTTP until SIGINT or SIGTERM."""
+    try:
+        from flowrt.serve import CannotListen, parse_address, serve
+    except ImportError as error:
+        raise click.ClickException(f"serving needs aiohttp ({error}); reinstall flowc: pip install flowc") from None
+    from flowrt.control import FlowrtError
+
+    try:
+        host, port = parse_address(http)
+    except ValueError as error:
+        raise click.UsageError(f"--http takes HOST:PORT: {error}") from None
+    try:
+        asyncio.run(serve(bundle_dir, host, port, session_ttl=session_ttl, max_sessions=max_sessions, max_body_mb=max_body_mb))
+    except CannotListen as error:
+        raise click.ClickException(str(error)) from None
+    except FlowrtError as error:
+        raise click.UsageError(str(error)) from None

@@ -1,0 +1,156 @@
+"""Sessions: the order of a session's calls (GCScheduler) and the state a session keeps between
+them (SessionStore: the globals its roles `use`, evicted once the session is idle for too long
+or too many idle sessions keep state).
+
+A session is *active* while a call of it runs or waits for its turn; only idle sessions are
+evicted, so a call never loses its state under it. Evicting a session drops its globals: its
+next call starts from empty state, like a new session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
+
+
+class GCScheduler:
+    """Session FIFO: a session's graph calls run one at a time, in order; sessions are independent."""
+
+    __slots__ = ("queues",)
+
+    def __init__(self) -> None:
+        # per session: the running call's turn (None once granted), then the waiting ones
+        self.queues: dict[str, deque[asyncio.Future | None]] = {}
+
+    def enter(self, session: str) -> bool:
+        """Take the session's turn at once if no call of it is running or queued."""
+        if session in self.queues:
+            return False
+        self.queues[session] = deque([None])  # the running call's turn, already granted
+        return True
+
+    async def acquire(self, session: str) -> None:
+        """Wait for the session's turn (after `enter` said it is taken)."""
+        queue = self.queues.setdefault(session, deque())
+        turn = asyncio.get_running_loop().create_future()
+        queue.append(turn)
+        if len(queue) == 1:
+            turn.set_result(None)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            self._drop(session, turn)
+            raise
+
+    def release(self, session: str) -> None:
+        queue = self.queues.get(session)
+        if not queue:
+            return
+        queue.popleft()
+        if queue:
+            queue[0].set_result(None)
+        else:
+            del self.queues[session]
+
+    def _drop(self, session: str, turn: asyncio.Future) -> None:
+        queue = self.queues.get(session)
+        if queue and turn in queue:
+            first = queue[0] is turn
+            queue.remove(turn)
+            if first and queue:
+                queue[0].set_result(None)
+            if not queue:
+                del self.queues[session]
+
+    def statistics(self) -> dict[str, int]:
+        # the first turn of each queue is the running call's; the rest wait
+        return {"active_sessions": len(self.queues), "queued_calls": sum(len(q) - 1 for q in self.queues.values())}
+
+
+class SessionStore:
+    """The globals of idle sessions: kept for `ttl` seconds after a session's last call ended,
+    and for at most `cap` idle sessions (least recently used evicted first).
+
+    `globals` is the runtime's state of each global a role uses, keyed (session, name); `names`
+    are the globals any role uses. A session that holds no state is not tracked at all.
+    """
+
+    __slots__ = ("globals", "names", "ttl", "cap", "clock", "idle", "evicted", "_timer")
+
+    def __init__(
+        self,
+        globals_: dict[tuple[str, str], dict[str, Any]],
+        names: list[str],
+        ttl: float = DEFAULT_SESSION_TTL,
+        cap: int = DEFAULT_MAX_SESSIONS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.globals = globals_
+        self.names = names
+        self.ttl = ttl
+        self.cap = cap
+        self.clock = clock
+        self.idle: OrderedDict[str, float] = OrderedDict()  # session -> when its last call ended, oldest first
+        self.evicted = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def busy(self, session: str) -> None:
+        """A call of `session` arrived: it is not idle, so it cannot be evicted."""
+        self.idle.pop(session, None)
+
+    def rest(self, session: str) -> None:
+        """The last running or queued call of `session` ended: keep its state, if any, as idle."""
+        if not any((session, name) in self.globals for name in self.names):
+            return
+        self.idle[session] = self.clock()
+        self.idle.move_to_end(session)
+        self.evict()
+        if self.idle and self._timer is None:
+            self._schedule()
+
+    def drop(self, session: str) -> None:
+        """Forget `session`'s state now (an anonymous call's session, when it ends)."""
+        self.idle.pop(session, None)
+        for name in self.names:
+            self.globals.pop((session, name), None)
+
+    def evict(self) -> int:
+        """Evict the idle sessions past their TTL or beyond the cap; returns how many went."""
+        idle = self.idle
+        if not idle:
+            return 0
+        expired = self.clock() - self.ttl
+        gone = 0
+        while idle:
+            session, since = next(iter(idle.items()))
+            if since > expired and len(idle) <= self.cap:
+                break
+            self.drop(session)
+            gone += 1
+        self.evicted += gone
+        return gone
+
+    def _schedule(self) -> None:
+        """Wake when the oldest idle session expires, so idle state goes even without traffic."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: the next call or statistics() evicts
+        oldest = next(iter(self.idle.values()))
+        self._timer = loop.call_later(max(0.0, oldest + self.ttl - self.clock()), self._sweep)
+
+    def _sweep(self) -> None:
+        self._timer = None
+        self.evict()
+        if self.idle:
+            self._schedule()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
