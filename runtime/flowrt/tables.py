@@ -74,11 +74,10 @@ class NodeTables:
     control: MappingProxyType  # out field -> tuple[Target, ...]
     stream: bool
     session: bool
-    seq_generator: bool
     diamond_root: bool
     carried_roots: tuple[str, ...]
     in_cycle: bool
-    order_source: str | None
+    key_ties: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +169,10 @@ def node_tables(t: dict) -> NodeTables:
         control=MappingProxyType({f: tuple(Target(**x) for x in targets) for f, targets in t["control"].items()}),
         stream=t["stream"],
         session=t["session"],
-        seq_generator=t["seq_generator"],
         diamond_root=t["diamond_root"],
         carried_roots=tuple(t["carried_roots"]),
         in_cycle=t["in_cycle"],
-        order_source=t["order_source"],
+        key_ties=tuple(t["key_ties"]),
     )
 
 
@@ -204,10 +202,9 @@ def _node_literal(n: NodeTables) -> dict[str, Any]:
         "join": None
         if n.join is None
         else [{"field": j.field, "threshold": j.threshold, "upstream": list(j.upstream)} for j in n.join],
+        "key_ties": list(n.key_ties),
         "kind": n.kind,
-        "order_source": n.order_source,
         "role": n.role,
-        "seq_generator": n.seq_generator,
         "session": n.session,
         "stream": n.stream,
     }

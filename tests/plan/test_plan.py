@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from flowc.check import check_source
 from flowc.plan import build_plan
 from tests.conftest import REPO
@@ -52,11 +54,11 @@ def test_fig3_image_chat():
         ("vit_emb", None, ("$request", "frontend.parse", "vit.encode")),
         ("vae_lat", None, ("$request", "frontend.parse", "vae.encode")),
     ]
-    # llm is `lb session`: it orders its activations and re-numbers, so the ordered token stream
-    # has a source; frontend.parse and llm.generate stream, so they stamp SeqIds.
-    assert llm.session and llm.seq_generator
+    # llm is `lb session`: it runs in key order and numbers its frames afresh; nothing on the way
+    # lets two token frames share a key, so the ordered token stream is totally ordered
+    assert llm.session and llm.key_ties == ()
     (token,) = [o for o in chat.outputs if o.field == "token"]
-    assert token.ordered and token.order_source == "llm.generate"
+    assert token.ordered and token.key_ties == ()
     assert chat.sccs == () and chat.back_edges == () and chat.unreachable == ()
 
 
@@ -253,12 +255,12 @@ def test_diamond_example_buckets_per_frame():
 
 def test_order_through_a_session_node():
     write = example("ordered_stream").graphs["write"]
-    # stylist runs out of order on four replicas but propagates writer's SeqIds;
-    # editor is the order-preservation point and re-numbers.
-    assert write.nodes["stylist.style"].order_source == "writer.write"
-    assert write.nodes["editor.edit"].order_source == "editor.edit"
+    # stylist runs out of order on four replicas, but each frame keeps writer's key;
+    # editor runs in key order and numbers afresh: no two lines share a key
+    assert write.nodes["stylist.style"].key_ties == ()
+    assert write.nodes["editor.edit"].key_ties == ()
     (line,) = write.outputs
-    assert line.ordered and line.order_source == "editor.edit"
+    assert line.ordered and line.key_ties == ()
     assert write.timeout_s == 30.0
 
 
@@ -500,3 +502,49 @@ def test_feeders_of_contributing_buckets_and_joins_contribute():
     full = plan.graphs["full"]
     assert {"side.run", "late.run", "helper.run"} <= set(full.nodes)
     assert full.nodes["pair.run"].groups == main.nodes["pair.run"].groups
+
+
+FANOUT = """
+placeholder request: Json
+
+role splitter {
+    impl "m:Splitter"
+    interface split { in request  out stream piece: Json }
+}
+
+role talker {
+    impl "m:Talker"
+    replicas 4
+    interface talk { in piece  out stream token: Text }
+}
+
+graph g {
+    entry  request
+    stream token ordered
+}
+"""
+
+
+def test_an_ordered_stream_through_streaming_hops_and_replicas_has_no_key_ties():
+    # keys gain a level per streaming hop, so (part, piece) orders every token whatever the replicas
+    result = check_source(FANOUT, "fanout.flow")
+    assert result.ok and not [d for d in result.diagnostics if d.code == "W206"]
+    (token,) = build_plan(result.program).graphs["g"].outputs
+    assert token.ordered and token.key_ties == ()
+
+
+@pytest.mark.parametrize(
+    ("name", "ties", "words"),
+    [
+        ("W206_ordered_stream_from_two_producers", ("critic.review", "poet.write"), "it has 2 producers"),
+        ("W206_ordered_stream_through_or_groups", ("describer.describe",), "runs once per OR group"),
+        ("W206_ordered_stream_out_of_a_loop", ("agent.think",), "is in a loop"),
+    ],
+)
+def test_where_keys_may_tie_the_plan_says_so_and_check_warns(name, ties, words):
+    path = REPO / "tests" / "invalid" / f"{name}.flow"
+    result = check_source(path.read_text(), path.name)
+    (output,) = [o for o in build_plan(result.program).graphs["g"].outputs if o.ordered]
+    assert output.key_ties == ties
+    (warning,) = [d for d in result.diagnostics if d.code == "W206"]
+    assert words in warning.message and "arrival order" in warning.message

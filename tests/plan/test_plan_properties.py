@@ -181,11 +181,11 @@ def test_a_graph_plans_exactly_the_nodes_on_a_path_to_what_it_returns(data, back
     for node_id in needed:
         kept, whole = plan.nodes[node_id], full.nodes[node_id]
         # a node that stays is planned as if nothing were pruned: the same slots, roots and loops
-        assert (kept.groups, kept.join, kept.in_cycle, kept.order_source) == (
+        assert (kept.groups, kept.join, kept.in_cycle, kept.key_ties) == (
             whole.groups,
             whole.join,
             whole.in_cycle,
-            whole.order_source,
+            whole.key_ties,
         )
         assert set(kept.carried_roots) <= set(whole.carried_roots)
         for name, targets in kept.control.items():

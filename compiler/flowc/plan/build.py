@@ -12,8 +12,9 @@ the others never run in the graph and are listed as `unreachable`):
 - each out field has control edges with the aid rule of the edge (C into a bucket, seeded from
   the root; A otherwise; join for count joins); `all` join fields list the upstream set whose end
   completes them;
-- SeqId generators are stream and session nodes; `order_source` says whose SeqIds totally order
-  a node's output frames.
+- order keys (DESIGN §4.3) extend per streaming hop and restart at `lb session` nodes; `key_ties`
+  names the nodes on the way where two of a node's (or a graph output's) frames may come to share
+  a key, so that part of their order is arrival order (W206 warns where such an output is ordered).
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def plan_graph(full: GraphIR) -> GraphPlan:
     groups = {n: _groups(ir, n) for n in sorted(ir.live) if n != ir.start}
     roots = {g.root for plans in groups.values() for g in plans if g.root}
     carried = _carried_roots(ir, groups)
-    order = _order_sources(ir, groups, in_cycle, sccs)
-    outputs = _outputs(ir, order)
+    ties = _key_ties(ir, groups, in_cycle)
+    outputs = _outputs(ir, ties)
     to_caller: dict[str, list[str]] = {}
     for output in outputs:
         for producer in output.producers:
@@ -111,11 +112,10 @@ def plan_graph(full: GraphIR) -> GraphPlan:
             control=_control(ir, node_id, groups, to_caller.get(node_id, [])),
             stream=node.stream,
             session=node.session,
-            seq_generator=node.stream or node.session,
             diamond_root=node_id in roots,
             carried_roots=carried[node_id],
             in_cycle=node_id in in_cycle,
-            order_source=order.get(node_id),
+            key_ties=ties.get(node_id, ()),
         )
     return GraphPlan(
         name=ir.name,
@@ -222,31 +222,35 @@ def _carried_roots(ir: GraphIR, groups: dict[str, list[GroupPlan]]) -> dict[str,
     return {n: tuple(sorted(needed[n], key=lambda r: (depth[r], r))) for n in ir.live}
 
 
-def _order_sources(ir: GraphIR, groups: dict[str, list[GroupPlan]], in_cycle: set[str], sccs) -> dict[str, str | None]:
-    """Whose SeqIds totally order each node's output frames, walking the DAG of components."""
+def _key_ties(ir: GraphIR, groups: dict[str, list[GroupPlan]], in_cycle: set[str]) -> dict[str, tuple[str, ...]]:
+    """For each node, the nodes on the way to it where two of its output frames may come to share
+    an order key in one call (empty: every frame it yields has a key of its own).
+
+    Keys are distinct at the entry and stay distinct along a path: a streaming node extends them,
+    a bucket fires once per key, a join once per call, and an `lb session` node outside a loop
+    numbers its frames afresh. They can tie where a node fires once per OR group for one frame
+    (two live groups), and in a loop, where a frame comes round with the key it had.
+    """
     condensed = nx.condensation(ir.digraph)
-    multi: dict[str, bool] = {}
-    order: dict[str, str | None] = {}
+    ties: dict[str, tuple[str, ...]] = {}
     for component in nx.topological_sort(condensed):
         for node_id in sorted(condensed.nodes[component]["members"]):
             node = ir.nodes[node_id]
-            inbound = ir.inbound.get(node_id, [])
-            preds = {e.source for e in inbound}
-            live_groups = [g for g in groups.get(node_id, []) if g.routing != "dead"]
-            multi[node_id] = node_id in in_cycle or (
-                node.join is None  # a join fires once per call
-                and (any(ir.nodes[p].stream or multi.get(p, True) for p in preds) or len(live_groups) > 1)
-            )
-            if node.kind != "interface" or node.session or not multi[node_id]:
-                order[node_id] = node_id
-            elif not node.stream and len(inbound) == 1:
-                order[node_id] = order.get(inbound[0].source)
+            if node.kind != "interface":
+                ties[node_id] = ()
+            elif node_id in in_cycle:
+                ties[node_id] = (node_id,)
+            elif node.session or node.join is not None:
+                ties[node_id] = ()  # numbered afresh, or fired once per call
             else:
-                order[node_id] = None
-    return order
+                found = {t for e in ir.inbound.get(node_id, []) for t in ties.get(e.source, ())}
+                if len([g for g in groups.get(node_id, []) if g.routing != "dead"]) > 1:
+                    found.add(node_id)
+                ties[node_id] = tuple(sorted(found))
+    return ties
 
 
-def _outputs(ir: GraphIR, order: dict[str, str | None]) -> tuple[GraphOutput, ...]:
+def _outputs(ir: GraphIR, ties: dict[str, tuple[str, ...]]) -> tuple[GraphOutput, ...]:
     producers_of: dict[str, list[str]] = {}
     for node_id in sorted(ir.live):
         node = ir.nodes[node_id]
@@ -258,8 +262,10 @@ def _outputs(ir: GraphIR, order: dict[str, str | None]) -> tuple[GraphOutput, ..
     declared += [(r.name.text, "return", False) for r in ir.info.returns]
     for name, kind, ordered in declared:
         producers = tuple(producers_of.get(name, ()))
-        source = order.get(producers[0]) if len(producers) == 1 else None
-        outputs.append(GraphOutput(name, kind, ordered, producers, source))
+        tied = {t for p in producers for t in ties.get(p, ())}
+        if len(producers) > 1:  # the frames of different producers of one frame share its key
+            tied.update(producers)
+        outputs.append(GraphOutput(name, kind, ordered, producers, tuple(sorted(tied))))
     return tuple(outputs)
 
 

@@ -57,12 +57,11 @@ class NodePlan:
     join: tuple[JoinField, ...] | None
     control: dict[str, tuple[Target, ...]]  # out field -> targets
     stream: bool
-    session: bool  # lb session: the order-preservation point, re-numbers SeqIds on exit
-    seq_generator: bool  # stamps SeqIds: stream and session nodes
+    session: bool  # lb session: runs in order-key order, numbers its frames' keys afresh
     diamond_root: bool  # appends its (node, aid, yield index) entry to outgoing messages
     carried_roots: tuple[str, ...]  # diamond roots whose entries its outgoing messages carry, outermost first
     in_cycle: bool  # dedup unreachable by (origin, node, or_group)
-    order_source: str | None  # whose SeqIds order this node's output frames (None: no total order)
+    key_ties: tuple[str, ...]  # nodes where two of its frames may come to share an order key (empty: none)
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ class GraphOutput:
     kind: str  # "stream" | "return"
     ordered: bool
     producers: tuple[str, ...]
-    order_source: str | None
+    key_ties: tuple[str, ...]  # where two of its frames may share an order key (producers, OR groups, loops)
 
 
 @dataclass(frozen=True)

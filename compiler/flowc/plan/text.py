@@ -19,7 +19,8 @@ def _graph(graph: GraphPlan) -> list[str]:
     lines = [f"graph {graph.name} (entry {', '.join(graph.entry)}{timeout})"]
     for output in graph.outputs:
         producers = ", ".join(output.producers) or "nothing"
-        ordered = f" ordered by {output.order_source}" if output.ordered else ""
+        ties = f"; equal keys from {', '.join(output.key_ties)} go in arrival order" if output.key_ties else ""
+        ordered = f" ordered by key{ties}" if output.ordered else ""
         lines.append(f"  {output.kind} {output.field} <- {producers}{ordered}")
     for node in graph.nodes.values():
         if node.kind == "interface":

@@ -126,7 +126,7 @@ class Reachability(Check):
     phase = 2
     codes = {
         "W205": "role no graph can reach",
-        "W206": "`stream ... ordered` with nothing to order it",
+        "W206": "`stream ... ordered` whose frames may share an order key (part of its order is arrival order)",
         "E208": "graph output that nothing reachable from the entry produces",
     }
 
@@ -157,17 +157,38 @@ class Reachability(Check):
                         f"connect a producer of `{output.field}` to the graph's entry, or drop it from the graph",
                     )
             for output in plan.outputs:
-                if not output.ordered or output.order_source is not None:
-                    continue
-                clause = clauses[output.field]
-                if len(output.producers) > 1:
-                    message = f"`{output.field}` is streamed ordered, but its frames come from {len(output.producers)} producers with no common order"
-                    hint = f"route `{output.field}` through one `lb session` role, which puts frames in one order"
-                else:
-                    (producer,) = output.producers
-                    message = f"`{output.field}` is streamed ordered, but `{producer}` may run several activations at once and nothing orders them"
-                    hint = f"make `{producer.split('.')[0]}` (or a role on the way to it) `lb session`"
-                yield Diagnostic("W206", message, clause.span, hint)
+                if output.ordered and output.key_ties:
+                    message, hint = _tie(plan, output)
+                    yield Diagnostic("W206", message, clauses[output.field].span, hint)
+
+
+def _tie(plan, output) -> tuple[str, str]:
+    """Why frames of an ordered output may share an order key (W206), and what to do about it."""
+    field = f"`{output.field}` is streamed ordered, but"
+    arrival = "those reach the caller in arrival order"
+    if len(output.producers) > 1:
+        listed = ", ".join(f"`{p}`" for p in output.producers)
+        return (
+            f"{field} it has {len(output.producers)} producers ({listed}); the frames each makes from one input share "
+            f"that input's order key, and {arrival}",
+            f"stream `{output.field}` from one producer, or through one `lb session` role that numbers its frames in one order",
+        )
+    looped = [n for n in output.key_ties if plan.nodes[n].in_cycle]
+    if looped:
+        return (
+            f"{field} `{looped[0]}` is in a loop, where a frame comes round with the order key it had, so frames of "
+            f"different rounds may share a key and {arrival}",
+            "drop `ordered` if arrival order is right for the loop's rounds, or return the loop's result and stream "
+            "what comes after the loop",
+        )
+    node = plan.nodes[output.key_ties[0]]
+    alternatives = " | ".join(" & ".join(g.fields) for g in node.groups if g.routing != "dead")
+    return (
+        f"{field} `{node.id}` runs once per OR group that one frame completes (`in {alternatives}`), so its "
+        f"activations may share an order key and {arrival}",
+        "join the alternatives with `&` if they always come together, or give each its own interface and stream "
+        "their outputs as separate fields",
+    )
 
 
 @register
