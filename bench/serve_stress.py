@@ -52,7 +52,7 @@ class Ticker:
         i = 0
         try:
             while count is None or i < count:
-                yield {"tick": i, "pad": "x" * 256}
+                yield {"tick": {"i": i, "pad": "x" * 256}}
                 i += 1
                 await asyncio.sleep(0)
         except asyncio.CancelledError:

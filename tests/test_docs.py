@@ -117,3 +117,13 @@ def test_the_bundle_guide_describes_this_release():
     bundle = (REPO / "docs/bundle.md").read_text(encoding="utf-8")
     assert "serving them (`flowc run`) and the Ray launcher come next" not in bundle
     assert "`flowc run DIR`" in bundle and "docs/runtime.md" in bundle
+
+
+def test_the_stream_bounds_the_runtime_guide_states_are_the_runtimes():
+    from flowrt.control import bounds
+
+    guide = (REPO / "docs/runtime.md").read_text()
+    rule = " ".join(guide.split("13. **Bounded streams**")[1].split("\n## ")[0].split())
+    assert f"every {bounds.PAUSE_EVERY} frames" in rule
+    assert f"has {bounds.OUTBOX_HIGH} events" in rule
+    assert f"while {bounds.CHILDREN_HIGH} activations" in rule

@@ -48,10 +48,12 @@ def shown(path: str) -> str:
 def _library(filename: str) -> bool:
     if filename.startswith((FLOWRT_DIR, "<")):
         return True
+    if not os.path.isabs(filename) and Path(filename).parent.parts[-2:] == ("flowrt", "control"):
+        return True  # the compiled core: Cython names its frames by the path it was built from
     return filename.startswith(STDLIB_DIR) and "-packages" not in filename
 
 
-def place(error: BaseException, prefer: Iterable[Path] = ()) -> str:
+def place(error: BaseException, prefer: Iterable[Path] = (), depth: int = 0) -> str:
     """`file:line` of the innermost frame of user code in `error`'s traceback ("" if none):
     where a role, its import or its setup failed, not where flowrt noticed. Frames under
     `prefer` (the roles' own directories) win over other code (a library the role called)."""
@@ -67,4 +69,8 @@ def place(error: BaseException, prefer: Iterable[Path] = ()) -> str:
             if preferred and filename.startswith(preferred):
                 best = found
         tb = tb.tb_next
+    if not (best or found):  # raised for the user's code (a coroutine that raised StopIteration): what it raised
+        cause = error.__cause__ or error.__context__
+        if cause is not None and cause is not error and depth < 8:
+            return place(cause, prefer, depth + 1)
     return best or found

@@ -15,6 +15,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -134,15 +136,23 @@ def chunked(body: bytes) -> bytes:
     return f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("http_inputs")
-    (root / "http_roles.py").write_text(ROLES)
-    bundle = bundle_of(FLOW, root)
-    log = root / "server.log"
+@contextmanager
+def serving(bundle: Path, log: Path, *options: str, debug: bool = False) -> Iterator[Server]:
+    """`flowc run BUNDLE --http 127.0.0.1:0 OPTIONS` as a real process, its stderr in `log`;
+    stopped by its PID at the end, and its log must then hold no traceback (unless `debug`)."""
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "flowc", "run", str(bundle), "--http", "127.0.0.1:0", "--max-body-mb", "1"],
+            [
+                sys.executable,
+                "-m",
+                "flowc",
+                *(["--debug"] if debug else []),
+                "run",
+                str(bundle),
+                "--http",
+                "127.0.0.1:0",
+                *options,
+            ],
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
@@ -156,8 +166,17 @@ def server(tmp_path_factory):
             os.kill(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
         process.stdout.close()
-    text = log.read_text()
-    assert "Traceback" not in text and "internal error" not in text, text
+    if not debug:
+        text = log.read_text()
+        assert "Traceback" not in text and "internal error" not in text, text
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("http_inputs")
+    (root / "http_roles.py").write_text(ROLES)
+    with serving(bundle_of(FLOW, root), root / "server.log", "--max-body-mb", "1") as running:
+        yield running
 
 
 DEEP = b'{"request": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"

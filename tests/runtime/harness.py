@@ -9,6 +9,7 @@ from pathlib import Path
 from flowc.check import check_source
 from flowc.codegen import build_bundle
 from flowrt.control import Runtime
+from flowrt.errors import shown
 
 
 def bundle_of(text: str, directory: Path) -> Path:
@@ -53,3 +54,14 @@ async def jitter(rng: random.Random, most: int = 6) -> None:
 def assert_clean(runtime: Runtime) -> None:
     stats = runtime.statistics()
     assert all(v == 0 for v in stats.values()), stats
+
+
+def where_in(function, text: str = "") -> str:
+    """The `where` of an error raised in `function`: `file:line` of the first line of its source
+    holding `text` (its `def` line when `text` is empty), as the runtime shows it."""
+    code = function.__code__
+    if not text:
+        return f"{shown(code.co_filename)}:{code.co_firstlineno}"
+    lines = Path(code.co_filename).read_text().splitlines()
+    found = next(n for n in range(code.co_firstlineno, len(lines) + 1) if text in lines[n - 1])
+    return f"{shown(code.co_filename)}:{found}"

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from flowrt.control import call as call_module
-from tests.runtime.harness import assert_clean, collect, done, open_runtime, returned
+from tests.runtime.harness import assert_clean, collect, done, open_runtime, returned, where_in
 from tests.runtime.test_scenarios import LOOP, Agent, Tools
 
 # the launch modes this interpreter has (eager tasks need Python 3.12)
@@ -343,7 +343,8 @@ def test_a_timeout_cancels_a_role_stepped_by_hand(tmp_path, monkeypatch, eager):
         events = await collect(rt, "g", {"request": 1})
         end = done(events)
         assert waiter.cancelled and end["status"] == "cancelled"
-        assert end["errors"] == [{"role": "waiter", "interface": "run", "message": "timed out after 0.05s"}]
+        where = where_in(Waiter.run, "await asyncio.Event().wait()")  # where the timeout found it
+        assert end["errors"] == [{"role": "waiter", "interface": "run", "message": "timed out after 0.05s", "where": where}]
         assert returned(events) == {"helped": 2}
         assert_clean(rt)
 

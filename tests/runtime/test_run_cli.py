@@ -71,7 +71,7 @@ def test_a_role_error_exits_one_with_the_error_named(tmp_path):
         {
             "event": "done",
             "status": "error",
-            "errors": [{"role": "worker", "interface": "run", "message": "ValueError: cannot do that"}],
+            "errors": [{"role": "worker", "interface": "run", "message": "ValueError: cannot do that", "where": "workers.py:8"}],
             "missing": ["result"],
         }
     ]

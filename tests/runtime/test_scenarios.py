@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tests.runtime.harness import assert_clean, collect, done, jitter, open_runtime, returned, streamed
+from tests.runtime.harness import assert_clean, collect, done, jitter, open_runtime, returned, streamed, where_in
 
 
 def run(coro):
@@ -172,7 +172,9 @@ def test_critical_slot_dead_propagates(tmp_path):
         # runs for it; the unreachable(error) reaches the caller's stream, so the status is error
         assert sorted(i for (_, i), _ in sink.seen) == [0, 1, 3, 4]
         assert end["status"] == "error"
-        assert end["errors"] == [{"role": "b", "interface": "run", "message": "ValueError: b cannot handle frame 2"}]
+        assert end["errors"] == [
+            {"role": "b", "interface": "run", "message": "ValueError: b cannot handle frame 2", "where": where_in(B.run, "raise")}
+        ]
         assert len(streamed(events, "met")) == 4
         assert_clean(rt)
 
@@ -518,7 +520,14 @@ def test_exception_in_a_role_ends_the_call_with_error(tmp_path):
         events = await asyncio.wait_for(collect(rt, "ask", {"question": {"rounds": 2}}), 10)
         end = done(events)
         assert end["status"] == "error"
-        assert end["errors"] == [{"role": "tools", "interface": "run", "message": "RuntimeError: tool crashed"}]
+        assert end["errors"] == [
+            {
+                "role": "tools",
+                "interface": "run",
+                "message": "RuntimeError: tool crashed",
+                "where": where_in(Failing.run, "raise"),
+            }
+        ]
         assert end["missing"] == ["answer"]
         assert_clean(rt)
 
@@ -693,7 +702,9 @@ def test_an_error_absorbed_by_another_slot_is_listed_but_ok(tmp_path):
         # x arrives on two paths; p1's failure leaves the other, so the call succeeds
         assert returned(events) == {"result": "fine"}
         assert end["status"] == "ok"
-        assert end["errors"] == [{"role": "p1", "interface": "run", "message": "ValueError: p1 failed"}]
+        assert end["errors"] == [
+            {"role": "p1", "interface": "run", "message": "ValueError: p1 failed", "where": where_in(Bad.run, "raise")}
+        ]
         assert_clean(rt)
 
     run(main())

@@ -7,17 +7,19 @@ from flowrt.control.program cimport Edge, GraphProgram, GroupProgram, JoinField,
 from flowrt.control.roles cimport RoleBinding
 from flowrt.control.sequencer cimport Sequencer
 
-cdef Py_ssize_t CALLER, DIRECT, JOIN, STREAM_SLOT, WAITING, FIRED, ORDERED_STREAM
+cdef Py_ssize_t CALLER, DIRECT, JOIN, STREAM_SLOT, WAITING, FIRED, ORDERED_STREAM, PAUSE_EVERY, OUTBOX_HIGH, CHILDREN_HIGH
 cdef object EMPTY, ERROR, CANCEL
 cdef _Done DONE
 cdef _NoTimeout NO_TIMEOUT
 
 cdef class Activation:
     cdef public NodeProgram node
-    cdef public Py_ssize_t group, aid, replica, yielded
+    cdef public Py_ssize_t group, aid, replica, yielded, children
     cdef public dict inputs
     cdef public tuple roots, extras, order
-    cdef public bint finished
+    cdef public bint finished, pause
+    cdef public Activation parent
+    cdef public object resume
 
     cpdef object order_bound(self)
 
@@ -42,13 +44,15 @@ cdef class Call:
     cdef public list errors, open_buckets, running_by_node, session_counters, ready, stream_held, order_heaps, alive
     cdef public dict buckets, joins, sequencers
     cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored, order_waiting
+    cdef public Activation producer
+    cdef public list outbox_waiters
     cdef public bint cancelled, ended, custom_tasks
     cdef public str cancel_reason
 
     cpdef start(self)
     cdef Py_ssize_t _aid(self)
     cdef Py_ssize_t _ticket(self)
-    @cython.locals(join=NodeProgram, sequencer=Sequencer, reset=Py_ssize_t)
+    @cython.locals(join=NodeProgram, sequencer=Sequencer, reset=Py_ssize_t, parent=Activation)
     cdef _activation_done(self, NodeProgram node, Activation act)
     @cython.locals(join=NodeProgram)
     cdef _quiesce(self)
@@ -77,20 +81,24 @@ cdef class Call:
     cdef _join_resolved(self, NodeProgram node)
     @cython.locals(join=JoinField, running=list, buckets=list)
     cdef bint _all_fields_ended(self, NodeProgram node) except -1
-    @cython.locals(node=NodeProgram, sequencer=Sequencer, consumer=OrderConsumer, reset=Py_ssize_t)
+    @cython.locals(node=NodeProgram, sequencer=Sequencer, consumer=OrderConsumer, reset=Py_ssize_t, producer=Activation)
     cdef _schedule(self, Activation act)
     cdef _spawn(self, object act)
     cdef _launch(self)
     @cython.locals(ready=list, act=Activation)
     cdef Activation _next_ready(self)
     cdef _start_task(self, Activation act)
-    cdef _error(self, NodeProgram node, str message)
+    cdef _error(self, NodeProgram node, str message, str where=*)
     @cython.locals(node=NodeProgram, binding=RoleBinding)
     cdef object _begin(self, Activation act)
     @cython.locals(binding=RoleBinding)
     cdef _finished(self, Activation act)
+    @cython.locals(node=NodeProgram, yielded=Py_ssize_t)
     cdef _yielded(self, Activation act, object frame, dict streams)
+    @cython.locals(node=NodeProgram)
     cdef _returned(self, Activation act, object frame, dict streams)
+    cpdef taken(self)
+    cdef _role_failed(self, Activation act, object error, object result)
     @cython.locals(out=Py_ssize_t)
     cdef tuple _out_order(self, NodeProgram node, tuple order, Py_ssize_t yidx)
     @cython.locals(node=NodeProgram, route=Route, edge=Edge, kind=Py_ssize_t, order=tuple, key=tuple, roots=tuple, opened=tuple)
@@ -113,6 +121,7 @@ cdef class Call:
     cdef _release_session(self, OrderConsumer consumer)
 
 cdef tuple _first_step(object awaitable)
+cdef _wake(Activation act)
 cdef tuple _out_roots(NodeProgram node, Py_ssize_t aid, tuple roots, Py_ssize_t yidx)
 @cython.locals(root=Py_ssize_t)
 cdef tuple _key(NodeProgram node, Py_ssize_t aid, Edge edge, tuple roots, Py_ssize_t yidx)

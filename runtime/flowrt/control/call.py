@@ -29,6 +29,7 @@ from heapq import heappop, heappush, heapreplace
 from types import AsyncGeneratorType, CoroutineType
 from typing import TYPE_CHECKING, Any
 
+from flowrt.control import bounds
 from flowrt.control import bucket as _bucket
 from flowrt.control import program as _program
 from flowrt.control.bucket import Bucket
@@ -36,6 +37,7 @@ from flowrt.control.program import Edge, GraphProgram, NodeProgram, OrderConsume
 from flowrt.control.roles import RoleBinding
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Reason
+from flowrt.errors import place, shown
 
 if TYPE_CHECKING:
     from flowrt.control.runtime import Runtime
@@ -46,6 +48,8 @@ log = logging.getLogger("flowrt")
 # synchronous roles would otherwise recurse once per round)
 EAGER_TASKS = sys.version_info >= (3, 12)
 MAX_EAGER_DEPTH = 16
+# streams are bounded (docs/runtime.md, rule 13; flowrt.control.bounds)
+PAUSE_EVERY, OUTBOX_HIGH, CHILDREN_HIGH = bounds.PAUSE_EVERY, bounds.OUTBOX_HIGH, bounds.CHILDREN_HIGH
 # what the hot path compares with (the compiled core holds them as C values: call.pxd)
 CALLER, DIRECT, JOIN, STREAM_SLOT = _program.CALLER, _program.DIRECT, _program.JOIN, _program.STREAM_SLOT
 ORDERED_STREAM = _program.ORDERED_STREAM
@@ -54,7 +58,22 @@ EMPTY, ERROR, CANCEL = Reason.EMPTY, Reason.ERROR, Reason.CANCEL
 
 
 class Activation:
-    __slots__ = ("node", "group", "aid", "inputs", "roots", "order", "replica", "extras", "yielded", "finished")
+    __slots__ = (
+        "node",
+        "group",
+        "aid",
+        "inputs",
+        "roots",
+        "order",
+        "replica",
+        "extras",
+        "yielded",
+        "finished",
+        "parent",
+        "children",
+        "pause",
+        "resume",
+    )
 
     def __init__(self, node: NodeProgram, group: int, aid: int, inputs: dict, roots: tuple, order: tuple):
         self.node = node
@@ -67,6 +86,10 @@ class Activation:
         self.extras: tuple = ()  # lb broadcast: the other replicas' runs
         self.yielded = 0  # frames produced so far
         self.finished = False
+        self.parent: Activation | None = None  # whose frame readied it, if that one waits for it (rule 13)
+        self.children = 0  # activations its frames readied that have not finished
+        self.pause = False  # give the loop a turn, and maybe wait, before its next frame
+        self.resume: asyncio.Future | None = None  # set while it waits for its consumers
 
     def order_bound(self) -> tuple | None:
         """The smallest order key its frames still to come can have (None: no more frames).
@@ -183,6 +206,8 @@ class Call:
         self.order_waiting: set[OrderConsumer] = set()  # consumers holding frames or activations
         self.alive = [0] * len(program.resets)
         self.tickets = 0  # tie-breaks in the heaps: equal keys go in arrival order
+        self.producer: Activation | None = None  # the activation whose frame is being dispatched
+        self.outbox_waiters: list[Activation] = []  # activations waiting for the caller to take events
         self.returned: set[str] = set()
         self.errored: set[str] = set()
 
@@ -211,6 +236,12 @@ class Call:
         self.in_flight -= 1
         if act is not None:
             act.finished = True
+            parent = act.parent
+            if parent is not None:
+                act.parent = None
+                parent.children -= 1
+                if parent.resume is not None and parent.children <= CHILDREN_HIGH // 2:
+                    _wake(parent)
             for reset in node.reset_counters:
                 self.alive[reset] -= 1
             if node.session:
@@ -286,6 +317,7 @@ class Call:
         self.joins_done.clear()
         self.seen_unreachable.clear()
         self.order_waiting.clear()
+        self.outbox_waiters.clear()
         for heap in self.order_heaps:
             heap.clear()
         done = {"event": "done", "status": status, "errors": list(self.errors), "missing": missing}
@@ -461,6 +493,12 @@ class Call:
         for consumer in node.order_feeds:
             heappush(self.order_heaps[consumer.index], (act.order_bound(), self._ticket(), act))
         if not node.session:
+            producer = self.producer
+            if producer is not None and not node.in_cycle:  # (a loop could wait on itself)
+                act.parent = producer
+                producer.children += 1
+                if producer.children >= CHILDREN_HIGH:
+                    producer.pause = True
             self._spawn(act)
             return
         sequencer = self.sequencers.get(node.index)
@@ -522,6 +560,7 @@ class Call:
                 node = act.node
                 streams: dict | None = {} if node.feeds_stream_slots else None
                 reason: Reason | None = None
+                result = None
                 try:
                     if self.cancelled:
                         raise asyncio.CancelledError
@@ -529,13 +568,18 @@ class Call:
                     async with NO_TIMEOUT if node.timeout is None else asyncio.timeout(node.timeout):
                         if type(result) is AsyncGeneratorType:
                             while True:
+                                if act.pause:  # every PAUSE_EVERY frames, or its consumers are behind
+                                    self._launch()
+                                    await self._pause(act)
                                 if not self.ready:
                                     async for frame in result:
                                         self._yielded(act, frame, streams)
-                                        if self.ready:
+                                        if self.ready or act.pause:
                                             break
                                     else:
                                         break  # the stream has ended
+                                    if act.pause:
+                                        continue
                                 # others wait for this task: step by hand to see whether it suspends
                                 step = result.__anext__()
                                 try:
@@ -559,16 +603,19 @@ class Call:
                             self._launch()
                             for extra in act.extras:
                                 await RoleBinding.drain(extra)
-                except TimeoutError:
+                except TimeoutError as error:
                     reason = CANCEL
-                    self._error(node, f"timed out after {node.timeout:g}s")
+                    # where the role was waiting: the cancellation the timeout threw into it
+                    where = place(error.__context__ or error, self.runtime.bundle.python_path) or _code_place(result)
+                    self._error(node, f"timed out after {node.timeout:g}s", where)
                     self.cancel("timeout")
                 except asyncio.CancelledError:
                     reason = CANCEL
-                except Exception as error:  # noqa: BLE001 - a role's exception ends as unreachable(error), never a hang
+                except GeneratorExit:
+                    raise  # this coroutine is being closed (the loop is going away): not the role's doing
+                except BaseException as error:  # noqa: BLE001 - even SystemExit from a role fails the call, not the process
                     reason = ERROR
-                    self._error(node, f"{type(error).__name__}: {error}")
-                    log.debug("role %s raised", node.id, exc_info=True)
+                    self._role_failed(act, error, result)
                 finally:
                     self._finished(act)
                     if act.yielded == 0:
@@ -595,8 +642,8 @@ class Call:
                 return ready.pop(i)
         return ready.pop(0)
 
-    def _error(self, node: NodeProgram, message: str) -> None:
-        self.errors.append({"role": node.role or "", "interface": node.method, "message": message})
+    def _error(self, node: NodeProgram, message: str, where: str = "") -> None:
+        self.errors.append({"role": node.role or "", "interface": node.method, "message": message, "where": where})
 
     def _begin(self, act: Activation) -> Any:
         """Invoke the role on its replica(s): the chosen replica's async generator or awaitable."""
@@ -611,18 +658,75 @@ class Call:
 
     def _yielded(self, act: Activation, frame: Any, streams: dict | None) -> None:
         """A frame the role yielded: dispatch it (what it readies waits for this task)."""
-        if type(frame) is not dict:
-            frame = _frame(frame, act.node)
+        node = act.node
+        if type(frame) is not dict or not frame.keys() <= node.out_fields:
+            frame = _frame(frame, node)
+        if act.yielded and not node.stream:
+            raise RoleProtocolError(
+                f"`{node.id}` yielded a second frame, but its interface is not `out stream` (one frame per activation); "
+                "declare `out stream ...` in the .flow file, or yield once"
+            )
+        self.producer = act
         self._dispatch_frame(act, frame, act.yielded, streams)
-        act.yielded += 1
+        self.producer = None
+        yielded = act.yielded = act.yielded + 1
+        if yielded % PAUSE_EVERY == 0 or len(self.outbox) >= OUTBOX_HIGH:
+            act.pause = True
         if self.order_waiting:  # its next frame's key is larger: what waited for this one may go
             self._reorder()
 
     def _returned(self, act: Activation, frame: Any, streams: dict | None) -> None:
         """The role returned: dispatch its frame (None is none)."""
         if frame is not None:
-            self._dispatch_frame(act, frame if type(frame) is dict else _frame(frame, act.node), 0, streams)
+            node = act.node
+            if type(frame) is not dict or not frame.keys() <= node.out_fields:
+                frame = _frame(frame, node)
+            self._dispatch_frame(act, frame, 0, streams)
             act.yielded = 1
+
+    async def _pause(self, act: Activation) -> None:
+        """Between two frames of a streaming activation: wait while the caller or the
+        activations its frames readied are behind (rule 13), else give the loop one turn."""
+        act.pause = False
+        waited = False
+        while len(self.outbox) >= OUTBOX_HIGH or act.children >= CHILDREN_HIGH:
+            if len(self.outbox) >= OUTBOX_HIGH:
+                self.outbox_waiters.append(act)
+            act.resume = self.loop.create_future()
+            try:
+                await act.resume
+            finally:
+                act.resume = None
+            waited = True
+        if not waited:
+            await asyncio.sleep(0)
+
+    def taken(self) -> None:
+        """The caller took events: wake the activations waiting for room (rule 13)."""
+        if len(self.outbox) <= OUTBOX_HIGH // 2:
+            waiters, self.outbox_waiters = self.outbox_waiters, []
+            for act in waiters:
+                _wake(act)
+
+    def _role_failed(self, act: Activation, error: BaseException, result: Any) -> None:
+        """A role raised (or broke the role protocol): an error event with the place in the
+        role's code, and the traceback in the log."""
+        node = act.node
+        if isinstance(error, RoleProtocolError):  # raised by flowrt: the place is where the role stood
+            message, where = str(error), _code_place(result)
+        else:
+            message, where = f"{type(error).__name__}: {_text(error)}", place(error, self.runtime.bundle.python_path)
+        self._error(node, message, where)
+        log.warning(
+            "call %s (session %s): %s on replica %s failed at %s: %s",
+            self.call_id,
+            self.session,
+            node.id,
+            act.replica,
+            where or "?",
+            message,
+            exc_info=error,
+        )
 
     # ── outbound ──
 
@@ -792,6 +896,7 @@ class Call:
             "unreachable_dedup": len(self.seen_unreachable),
             "held_for_order": sum(map(len, self.stream_held)) + sum(s.waiting() for s in self.sequencers.values()),
             "undelivered_events": len(self.outbox),
+            "waiting_for_room": len(self.outbox_waiters),
         }
 
 
@@ -833,8 +938,51 @@ def _counts_met(node: NodeProgram, state: JoinState) -> bool:
     return True
 
 
+class RoleProtocolError(Exception):
+    """A role broke the contract of its interface: a frame that is not a dict of its declared
+    out fields, or a second frame from an interface that does not stream."""
+
+
+def _wake(act: Activation) -> None:
+    resume = act.resume
+    if resume is not None and not resume.done():
+        resume.set_result(None)
+
+
 def _frame(frame: object, node: NodeProgram) -> dict:
-    """A frame that is not a plain dict: a dict subclass is copied, anything else is an error."""
+    """A frame that is not a plain dict of declared fields: a dict subclass is copied, anything
+    else, or a field the interface does not declare, breaks the role's contract."""
     if not isinstance(frame, dict):
-        raise TypeError(f"{node.id} must yield or return a dict of output fields, not {type(frame).__name__}")
+        raise RoleProtocolError(
+            f"`{node.id}` must yield or return a dict of its out fields ({_declared(node)}), not {type(frame).__name__}"
+        )
+    extra = sorted(str(name) for name in frame if name not in node.out_fields)
+    if extra:
+        names = ", ".join(f"`{name}`" for name in extra)
+        raise RoleProtocolError(
+            f"`{node.id}` produced {names}, which its interface does not declare (it declares {_declared(node)}); "
+            "add it to the interface's `out` clause in the .flow file, or leave it out of the frame"
+        )
     return dict(frame)
+
+
+def _code_place(result: Any) -> str:
+    """`file:line` where a role's generator stands (its last `yield`), or where its coroutine
+    was defined (it has returned): the place of a frame that broke the role's contract."""
+    frame = getattr(result, "ag_frame", None)
+    if frame is not None:
+        return f"{shown(frame.f_code.co_filename)}:{frame.f_lineno}"
+    code = getattr(result, "ag_code", None) or getattr(result, "cr_code", None)
+    return f"{shown(code.co_filename)}:{code.co_firstlineno}" if code is not None else ""
+
+
+def _text(error: BaseException) -> str:
+    """What a role's exception says, even when its `__str__` itself fails."""
+    try:
+        return str(error)
+    except Exception as broken:  # noqa: BLE001 - the role's failure is reported, not a second one
+        return f"(its message could not be shown: {type(broken).__name__})"
+
+
+def _declared(node: NodeProgram) -> str:
+    return ", ".join(f"`{name}`" for name in sorted(node.out_fields)) or "no fields"

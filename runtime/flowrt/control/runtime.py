@@ -178,6 +178,8 @@ class Runtime:
                     call.waiter = loop.create_future()
                     await call.waiter
                 event = outbox.popleft()
+                if call.outbox_waiters:
+                    call.taken()
                 if event is None:
                     break
                 yield event
@@ -206,6 +208,8 @@ class Runtime:
                     await call.waiter
                 batch = list(outbox)
                 outbox.clear()
+                if call.outbox_waiters:
+                    call.taken()
                 if batch[-1] is None:  # the call's last event is followed by None
                     batch.pop()
                     if batch:

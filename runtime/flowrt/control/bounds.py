@@ -1,0 +1,12 @@
+"""How far a stream may run ahead of what consumes it (docs/runtime.md, rule 13).
+
+A streaming activation gives the loop a turn every `PAUSE_EVERY` frames, so timeouts and
+cancellation reach a role that never awaits. It waits while its caller has `OUTBOX_HIGH`
+events not yet taken, or while `CHILDREN_HIGH` activations its frames readied have not
+finished, and goes on once they fall to half that. The compiled core copies these values
+when it is imported; this module is plain Python so tests and tools can read them.
+"""
+
+PAUSE_EVERY = 64
+OUTBOX_HIGH = 256
+CHILDREN_HIGH = 256
