@@ -42,7 +42,7 @@ class FlowcGroup(click.Group):
 
 @click.group(cls=FlowcGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="flowc")
-@click.option("--debug", is_flag=True, help="Show Python tracebacks for internal errors.")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks: of internal errors, and in `run`'s log of role errors.")
 def main(debug: bool) -> None:
     """flowc: compile .flow multimodal inference pipelines.
 
@@ -381,6 +381,7 @@ def _prepare_output(out: Path) -> None:
     help="Serving: the largest request body accepted, in MiB.",
 )
 @click.option("--registry", metavar="URL", help="A shared registry (redis://...); not in this release.")
+@click.option("--debug", "run_debug", is_flag=True, help="Log debug records and full tracebacks (as `flowc --debug run`).")
 @_color_option
 @click.pass_context
 def run(
@@ -395,6 +396,7 @@ def run(
     max_sessions: str,
     max_body_mb: str,
     registry: str | None,
+    run_debug: bool,
     color: bool | None,
 ) -> None:
     """Serve a bundle (a directory from `flowc build`) or a .flow file (built to a temporary
@@ -437,7 +439,7 @@ def run(
     cap = running.option_value(options.session_cap, "--max-sessions", max_sessions)
     body_mb = running.option_value(options.size_mib, "--max-body-mb", max_body_mb)
     inputs = running.parse_input(input_json) if graph_name is not None else {}
-    show_log(debug=bool(ctx.find_root().params.get("debug")))
+    show_log(debug=run_debug or bool(ctx.find_root().params.get("debug")))
     path = Path(target)
     with tempfile.TemporaryDirectory(prefix="flowc-run-") as scratch:
         if path.suffix == ".flow" or path.is_file():

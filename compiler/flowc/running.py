@@ -24,6 +24,13 @@ import click
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class Refused(click.ClickException):
+    """A problem with what `flowc run` was given (an input, a bundle, an address): one line
+    naming it and the fix, exit 2; unlike a usage error, no usage text, as the options were fine."""
+
+    exit_code = 2
+
+
 def parse_input(text: str) -> dict:
     """`--input`: a JSON object, or @FILE holding one."""
     source = "--input"
@@ -32,17 +39,17 @@ def parse_input(text: str) -> dict:
         try:
             text = Path(source).read_text(encoding="utf-8")
         except OSError as error:
-            raise click.UsageError(f"--input: cannot read {source}: {error.strerror or error}") from None
+            raise Refused(f"--input: cannot read {source}: {error.strerror or error}") from None
         except UnicodeDecodeError as error:
-            raise click.UsageError(f"--input: {source} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+            raise Refused(f"--input: {source} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     try:
         value = json.loads(text)
     except RecursionError:
-        raise click.UsageError(f"{source} is nested too deeply to read as JSON") from None
+        raise Refused(f"{source} is nested too deeply to read as JSON") from None
     except ValueError as error:
-        raise click.UsageError(f"--input is not valid JSON ({error})") from None
+        raise Refused(f"--input is not valid JSON ({error})") from None
     if not isinstance(value, dict):
-        raise click.UsageError("--input must be a JSON object mapping each entry placeholder to its value")
+        raise Refused("--input must be a JSON object mapping each entry placeholder to its value")
     return value
 
 
@@ -53,7 +60,7 @@ def option_value(check: Any, name: str, value: Any) -> Any:
     try:
         return check(value)
     except ValueError as error:
-        raise click.UsageError(f"{name}: {error}") from None
+        raise Refused(f"{name}: {error}") from None
 
 
 class _Signals:
@@ -91,7 +98,7 @@ async def run_once(bundle_dir: Path, graph: str, inputs: dict, session: str | No
     try:
         runtime = await Runtime.open(bundle_dir)
     except FlowrtError as error:
-        raise click.UsageError(str(error)) from None
+        raise Refused(str(error)) from None
     except asyncio.CancelledError:
         if signals.received is None:
             raise
@@ -107,7 +114,7 @@ async def run_once(bundle_dir: Path, graph: str, inputs: dict, session: str | No
             if event["event"] == "done":
                 status = event["status"]
     except FlowrtError as error:
-        raise click.UsageError(str(error)) from None
+        raise Refused(str(error)) from None
     finally:
         await runtime.close()
     if signals.received is not None:
@@ -126,10 +133,10 @@ def serve_bundle(bundle_dir: Path, http: str, session_ttl: float, max_sessions: 
     try:
         host, port = parse_address(http)
     except ValueError as error:
-        raise click.UsageError(f"--http takes HOST:PORT: {error}") from None
+        raise Refused(f"--http takes HOST:PORT: {error}") from None
     try:
         asyncio.run(serve(bundle_dir, host, port, session_ttl=session_ttl, max_sessions=max_sessions, max_body_mb=max_body_mb))
     except CannotListen as error:
         raise click.ClickException(str(error)) from None
     except FlowrtError as error:
-        raise click.UsageError(str(error)) from None
+        raise Refused(str(error)) from None

@@ -148,10 +148,11 @@ async def stats(request: web.Request) -> web.Response:
 _JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
-async def _read_inputs(request: web.Request) -> Any:
+async def _read_inputs(request: web.Request, entry: tuple[str, ...]) -> Any:
     """The body as JSON, or an error answer saying what is wrong with it."""
     body = await request.read()  # over the limit: HTTPRequestEntityTooLarge, answered by `json_errors`
-    hint = 'send a JSON object of entry values, e.g. {"request": {...}}'
+    example = ", ".join(f'"{name}": ...' for name in entry or ("request",))
+    hint = f"send a JSON object of entry values, e.g. {{{example}}}"
     try:
         return json.loads(body)
     except RecursionError:
@@ -167,7 +168,8 @@ async def _read_inputs(request: web.Request) -> Any:
 async def call_graph(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME]
     graph = request.match_info["graph"]
-    inputs = await _read_inputs(request)
+    program = runtime.programs.get(graph)
+    inputs = await _read_inputs(request, program.entry if program is not None else ())
     if isinstance(inputs, web.Response):
         return inputs
     if not isinstance(inputs, dict):

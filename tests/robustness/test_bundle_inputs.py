@@ -204,6 +204,14 @@ ROWS = [
         2,
         r"--input: latin1\.json is not UTF-8",
     ),
+    (
+        "input-misspelled-entry",
+        nothing,
+        '{"reqest": 1}',
+        2,
+        r"^Error: graph `g` takes request; missing request; unexpected reqest \(did you write `reqest` for `request`\?\)$",
+    ),
+    ("input-not-json", nothing, "{request: 1}", 2, r"^Error: --input is not valid JSON"),
     ("input-wrong-type", nothing, '{"text": ["a"]}', 2, r"entry `text` is declared `Text` and takes a string, not a list of 1"),
 ]
 
@@ -221,6 +229,7 @@ def assert_clean_failure(result: subprocess.CompletedProcess, status: int, words
     assert result.returncode == status, (result.stdout, result.stderr)
     assert re.search(words, result.stderr, re.DOTALL), result.stderr
     assert "Traceback" not in result.stderr and "internal error" not in result.stderr, result.stderr
+    assert "Usage:" not in result.stderr, result.stderr  # one line: the options were fine, what they named was not
     assert all(json.loads(line)["event"] for line in result.stdout.splitlines())  # stdout: events only
 
 

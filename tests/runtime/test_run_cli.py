@@ -209,8 +209,10 @@ def test_role_errors_are_logged_on_stderr_with_the_traceback_under_debug(tmp_pat
     root = project(tmp_path)
     plain = flowc("run", "pipeline.flow", "--once", "g", "--input", '{"request": "fail"}', cwd=root)
     debug = flowc("--debug", "run", "pipeline.flow", "--once", "g", "--input", '{"request": "fail"}', cwd=root)
-    for result in (plain, debug):
+    after = flowc("run", "pipeline.flow", "--once", "g", "--input", '{"request": "fail"}', "--debug", cwd=root)
+    for result in (plain, debug, after):
         assert result.returncode == 1
         assert [e["event"] for e in events(result)] == ["done"]  # stdout: events only
-    assert "Traceback" not in plain.stderr
-    assert "Traceback" in debug.stderr and "workers.py" in debug.stderr and "ValueError: cannot do that" in debug.stderr
+    assert "Traceback" not in plain.stderr and "(--debug shows the traceback)" in plain.stderr
+    for traced in (debug, after):  # `--debug` before or after `run`
+        assert "Traceback" in traced.stderr and "workers.py" in traced.stderr and "ValueError: cannot do that" in traced.stderr

@@ -22,6 +22,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
@@ -332,10 +333,12 @@ class Runtime:
             )
         missing = [e for e in program.entry if e not in inputs]
         extra = [k for k in inputs if k not in program.entry]
+        guesses = [f"`{k}` for `{close[0]}`" for k in extra if (close := get_close_matches(str(k), missing, n=1))]
         raise BadInputs(
             f"graph `{graph}` takes {', '.join(program.entry)}"
             + (f"; missing {', '.join(missing)}" if missing else "")
-            + (f"; unexpected {', '.join(extra)}" if extra else "")
+            + (f"; unexpected {', '.join(map(str, extra))}" if extra else "")
+            + (f" (did you write {', '.join(guesses)}?)" if guesses else "")
         )
 
     async def wait_idle(self) -> None:

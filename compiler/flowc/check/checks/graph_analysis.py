@@ -171,7 +171,8 @@ def _tie(plan, output) -> tuple[str, str]:
         return (
             f"{field} it has {len(output.producers)} producers ({listed}); the frames each makes from one input share "
             f"that input's order key, and {arrival}",
-            f"stream `{output.field}` from one producer, or through one `lb session` role that numbers its frames in one order",
+            "give each producer's output a name of its own and stream each `ordered`, or drop `ordered` if arrival "
+            "order between them is right",
         )
     looped = [n for n in output.key_ties if plan.nodes[n].in_cycle]
     if looped:

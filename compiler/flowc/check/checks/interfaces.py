@@ -1,8 +1,10 @@
-"""Checks on the shape of roles and interfaces: clauses, duplicate fields, join thresholds."""
+"""Checks on the shape of roles and interfaces: clauses, duplicate fields, join thresholds, and
+names the role's Python class cannot spell."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from keyword import iskeyword
 
 from flowc.check.checks.common import repeated, repeats, text
 from flowc.check.model import InterfaceInfo, Program
@@ -58,6 +60,33 @@ class InterfaceShape(Check):
                     _merge_hint(keyword),
                     (Note(clauses[0].span, f"first `{keyword}` here"),),
                 )
+
+
+@register
+class PythonNames(Check):
+    codes = {"W137": "interface or input field named with a Python keyword (the role's method cannot spell it)"}
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        for role in program.roles.values():
+            for interface in role.interfaces.values():
+                name = interface.decl.name
+                if iskeyword(name.text):
+                    yield Diagnostic(
+                        "W137",
+                        f"interface `{interface.qualname}` is named `{name.text}`, a Python keyword: the role's class "
+                        f"cannot define `async def {name.text}(...)`",
+                        name.span,
+                        f"rename the interface (e.g. `{name.text}_`), or set the method with `setattr` in the role's module",
+                    )
+                for ref in (r for group in interface.groups for r in group.inputs):
+                    if iskeyword(ref.field.text):
+                        yield Diagnostic(
+                            "W137",
+                            f"input `{ref.field.text}` of `{interface.qualname}` is a Python keyword: the role's method "
+                            f"cannot take it as a named parameter",
+                            ref.field.span,
+                            f'rename the field, or take it with `**fields` and read `fields["{ref.field.text}"]`',
+                        )
 
 
 def _merge_hint(keyword: str) -> str:
