@@ -10,6 +10,7 @@ call, and that `statistics()` is back to zero. A few tests run the same over a r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -17,7 +18,16 @@ import re
 import pytest
 
 from tests.robustness.test_http_inputs import post, serving
-from tests.runtime.harness import assert_clean, bundle_of, collect, done, open_runtime, returned, where_in
+from tests.runtime.harness import (
+    assert_clean,
+    bundle_of,
+    collect,
+    done,
+    finishes_within,
+    open_runtime,
+    returned,
+    where_in,
+)
 
 FLOW = """
 placeholder request: Json
@@ -133,6 +143,40 @@ async def key_not_a_string(self, ctx, request):
     return {1: "one"}
 
 
+async def raises_generator_exit(self, ctx, request):
+    raise GeneratorExit
+
+
+async def raises_timeout_error(self, ctx, request):
+    raise TimeoutError("backend")
+
+
+async def raises_cancelled_error(self, ctx, request):
+    raise asyncio.CancelledError
+
+
+class Interrupting(Exception):
+    def __str__(self):
+        raise KeyboardInterrupt
+
+
+async def raises_str_interrupting(self, ctx, request):
+    raise Interrupting
+
+
+async def swallows_timeout_and_streams(self, ctx, request):
+    while True:
+        with contextlib.suppress(asyncio.CancelledError):  # carries on regardless
+            await asyncio.sleep(0)
+        yield {"answer": 1}
+
+
+async def swallows_timeout_and_returns(self, ctx, request):
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.Event().wait()
+    return {"answer": 1}
+
+
 RETURN, STREAM = ("answer: Json", "return answer"), ("stream answer: Json", "stream answer")
 
 # (id, role's run, (out clause, graph field), interface timeout, status, message words, where: text in the role or
@@ -213,6 +257,29 @@ ROWS = [
         'yield {"answer"',
     ),
     ("key-not-a-string", key_not_a_string, RETURN, "", "error", r"produced `1`, which its interface does not declare", "def"),
+    ("raises-generator-exit", raises_generator_exit, RETURN, "", "error", r"^GeneratorExit: $", "raise GeneratorExit"),
+    ("raises-its-own-timeout", raises_timeout_error, RETURN, "", "error", r"^TimeoutError: backend$", "raise TimeoutError"),
+    (
+        "raises-its-own-timeout-under-a-timeout",
+        raises_timeout_error,
+        RETURN,
+        "timeout 10s",
+        "error",
+        r"^TimeoutError: backend$",
+        "raise TimeoutError",
+    ),
+    ("raises-cancelled-error", raises_cancelled_error, RETURN, "", "error", r"^CancelledError: $", "raise asyncio"),
+    (
+        "str-raises-keyboard-interrupt",
+        raises_str_interrupting,
+        RETURN,
+        "",
+        "error",
+        r"could not be shown: KeyboardInt",
+        "raise Int",
+    ),
+    ("swallows-timeout-streams-on", swallows_timeout_and_streams, STREAM, "timeout 50ms", "cancelled", r"^timed out after", None),
+    ("swallows-timeout-returns", swallows_timeout_and_returns, RETURN, "timeout 50ms", "cancelled", r"^timed out after", None),
 ]
 
 
@@ -232,7 +299,7 @@ def test_a_misbehaving_role_fails_its_call_with_the_place_and_the_fix(tmp_path, 
         assert_clean(rt)
         return events
 
-    end = done(asyncio.run(asyncio.wait_for(main(), 30)))
+    end = done(finishes_within(30, main()))
     assert end["status"] == status
     if words is None:  # returning None is producing nothing: the output is missing, no error
         assert end["errors"] == [] and end["missing"] == ["answer"]
@@ -240,7 +307,8 @@ def test_a_misbehaving_role_fails_its_call_with_the_place_and_the_fix(tmp_path, 
     [error] = end["errors"]
     assert (error["role"], error["interface"]) == ("bad", "run")
     assert re.search(words, error["message"]), error["message"]
-    assert error["where"] == where_in(body, "" if where == "def" else where)
+    if where is not None:
+        assert error["where"] == where_in(body, "" if where == "def" else where)
 
 
 def test_a_role_failure_is_logged_with_its_place_and_traceback(tmp_path, caplog):
@@ -298,3 +366,103 @@ def test_a_served_role_that_raises_system_exit_fails_the_call_not_the_server(tmp
     assert "Task exception was never retrieved" not in text
     assert "bad.run on replica 0 failed at" in text and "SystemExit: 1" in text
     assert ("Traceback (most recent call last)" in text) == debug, text
+
+
+TWO_STAGES = """
+placeholder request: Json
+
+role first {
+    impl "m:First"
+    interface run { in request  out stream part: Json }
+}
+
+role second {
+    impl "m:Second"
+    interface run { in part  out stream piece: Json }
+}
+
+graph g {
+    entry  request
+    stream piece
+}
+"""
+
+
+class Second:
+    async def run(self, ctx, part):
+        yield {"piece": part}
+
+
+@pytest.mark.parametrize("raised", [GeneratorExit, TimeoutError, asyncio.CancelledError, SystemExit])
+def test_a_role_that_fails_while_work_waits_behind_it_still_ends_the_call(tmp_path, raised):
+    """The frame `first` yields readies `second`, which waits for first's task; first then
+    raises: second must still run and the call end, with the error reported."""
+
+    class First:
+        async def run(self, ctx, request):
+            yield {"part": 1}
+            raise raised("backend")
+
+    async def main():
+        rt = await open_runtime(TWO_STAGES, tmp_path, {"first": First(), "second": Second()})
+        events = await collect(rt, "g", {"request": 1}, timeout=20)
+        assert_clean(rt)
+        return events
+
+    events = finishes_within(30, main())
+    end = done(events)
+    assert [e["value"] for e in events if e["event"] == "stream"] == [1]
+    assert [e["message"] for e in end["errors"]] == [f"{raised.__name__}: backend"]
+    assert end["status"] == "ok"  # the frame reached the caller (rule 10)
+
+
+BROADCAST = """
+placeholder request: Json
+
+role hose {
+    impl "m:Hose"
+    replicas 2
+    lb broadcast
+    interface run { in request  out stream drop: Json  timeout 200ms }
+}
+
+graph g {
+    entry  request
+    stream drop
+}
+"""
+
+
+class Hose:
+    def __init__(self, forever: bool):
+        self.forever = forever
+
+    async def run(self, ctx, request):
+        yield {"drop": 1}
+        while self.forever:
+            yield {"drop": 2}
+
+
+def test_a_broadcast_replica_that_never_awaits_is_stopped_by_the_timeout(tmp_path):
+    async def main():
+        rt = await open_runtime(BROADCAST, tmp_path, {"hose": [Hose(False), Hose(True)]})
+        events = await collect(rt, "g", {"request": 1})
+        assert_clean(rt)
+        return events
+
+    end = done(finishes_within(30, main()))
+    assert end["status"] == "cancelled" and end["reason"] == "timeout"
+
+
+def test_a_role_that_swallows_its_calls_cancellation_stops_when_the_caller_goes(tmp_path):
+    async def main():
+        flow = FLOW.replace("OUTPUTS", STREAM[0]).replace("FIELD", STREAM[1]).replace("LIMIT", "")
+        rt = await open_runtime(flow, tmp_path, {"bad": role(swallows_timeout_and_streams)(), "good": Good()})
+        events = rt.call("g", {"request": 1})
+        async for event in events:
+            if event["event"] == "stream":
+                break
+        await events.aclose()  # cancels the call; the role catches it and yields on
+        assert_clean(rt)
+
+    finishes_within(30, main())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from pathlib import Path
 
 from flowc.check import check_source
@@ -65,3 +66,23 @@ def where_in(function, text: str = "") -> str:
     lines = Path(code.co_filename).read_text().splitlines()
     found = next(n for n in range(code.co_firstlineno, len(lines) + 1) if text in lines[n - 1])
     return f"{shown(code.co_filename)}:{found}"
+
+
+def finishes_within(seconds: float, coroutine) -> object:
+    """Run `coroutine` on a loop of its own thread: a role that starves the loop would hang the
+    test for ever, so the thread is given `seconds` and the test fails if it is still going."""
+    outcome: dict[str, object] = {}
+
+    def body():
+        try:
+            outcome["value"] = asyncio.run(coroutine)
+        except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds}s: the loop never got a turn"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

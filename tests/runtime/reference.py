@@ -233,7 +233,7 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
     def pending_at(upstream):
         """Anything still to happen at, or on its way from, the upstream nodes."""
         wanted = set(upstream)
-        if any(k[0] in wanted for k in buckets):
+        if any(k[0] in wanted for k in buckets) or any(held.get(n) for n in wanted):
             return True
         for w in work:
             sender = w[5][-1][0] if w[0] == "msg" else w[5][0]

@@ -6,14 +6,13 @@ so memory stays bounded however fast it yields."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 
 import pytest
 
 from flowrt.control import bounds
 from flowrt.errors import shown
-from tests.runtime.harness import assert_clean, collect, done, open_runtime
+from tests.runtime.harness import assert_clean, collect, done, finishes_within, open_runtime
 
 FIREHOSE = """
 placeholder request: Json
@@ -82,26 +81,6 @@ class Slow:
 
 def line_of(text: str) -> int:
     return next(n for n, line in enumerate(Path(__file__).read_text().splitlines(), 1) if text in line)
-
-
-def finishes_within(seconds: float, coroutine) -> object:
-    """Run `coroutine` on a loop of its own thread: a role that starves the loop would hang the
-    test for ever, so the thread is given `seconds` and the test fails if it is still going."""
-    outcome: dict[str, object] = {}
-
-    def body():
-        try:
-            outcome["value"] = asyncio.run(coroutine)
-        except BaseException as error:  # noqa: BLE001 - handed to the test's thread
-            outcome["error"] = error
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds}s: the loop never got a turn"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def test_an_interface_timeout_stops_a_stream_that_never_awaits(tmp_path):
@@ -198,3 +177,25 @@ def test_bounded_streams_deliver_every_frame_at_the_edges_of_the_bounds(tmp_path
     events = finishes_within(30, main())
     assert [e["value"] for e in events if e["event"] == "stream"] == list(range(1, frames + 1))
     assert done(events)["status"] == "ok"
+
+
+FIREHOSE_INTO_SESSION = FIREHOSE_INTO_SLOW.replace('impl "m:Slow"', 'impl "m:Slow"\n    lb session')
+
+
+def test_a_stream_into_a_session_node_waits_while_the_session_node_is_behind(tmp_path):
+    hose, slow = Hose(frames=3000), Slow()
+    slow.gate.set()  # each activation still awaits once: the session node runs one at a time
+
+    async def main():
+        rt = await open_runtime(FIREHOSE_INTO_SESSION, tmp_path, {"hose": hose, "slow": slow})
+        most, values = 0, []
+        async for event in rt.call("g", {"request": 1}):
+            most = max(most, rt.statistics()["held_for_order"])
+            if event["event"] == "stream":
+                values.append(event["value"])
+        assert_clean(rt)
+        return most, values
+
+    most, values = finishes_within(60, main())
+    assert values == list(range(1, 3001))  # a session node runs in key order: the hose's order
+    assert most <= bounds.CHILDREN_HIGH

@@ -61,7 +61,7 @@ cdef class Call:
     cdef _unblock(self)
     cdef _finish(self)
     cpdef cancel(self, str reason=*)
-    @cython.locals(bucket=Bucket, outcome=Py_ssize_t, consumer=OrderConsumer)
+    @cython.locals(bucket=Bucket, outcome=Py_ssize_t, consumer=OrderConsumer, node=NodeProgram)
     cdef _arrive(self, Edge edge, tuple key, object value, tuple roots, tuple order)
     @cython.locals(bucket=Bucket, outcome=Py_ssize_t)
     cdef _end(self, Edge edge, tuple key)
@@ -122,6 +122,7 @@ cdef class Call:
 
 cdef tuple _first_step(object awaitable)
 cdef _wake(Activation act)
+cdef bint _declared_only(dict frame, frozenset fields) except -1
 cdef tuple _out_roots(NodeProgram node, Py_ssize_t aid, tuple roots, Py_ssize_t yidx)
 @cython.locals(root=Py_ssize_t)
 cdef tuple _key(NodeProgram node, Py_ssize_t aid, Edge edge, tuple roots, Py_ssize_t yidx)

@@ -34,7 +34,6 @@ from flowrt.control import bucket as _bucket
 from flowrt.control import program as _program
 from flowrt.control.bucket import Bucket
 from flowrt.control.program import Edge, GraphProgram, NodeProgram, OrderConsumer
-from flowrt.control.roles import RoleBinding
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Reason
 from flowrt.errors import place, shown
@@ -350,8 +349,11 @@ class Call:
         before = bucket.order
         outcome = bucket.arrived(edge.slot, value, order)
         if bucket.order is not before:  # its activation's key can now be this small
-            for consumer in edge.node.order_feeds:
+            node = edge.node
+            for consumer in node.order_feeds:
                 heappush(self.order_heaps[consumer.index], (bucket.order, self._ticket(), bucket))
+            if node.ordered:  # an ordered session node's own bucket: what fills it may come first
+                heappush(self.order_heaps[node.consumer.index], (bucket.order, self._ticket(), bucket))
         if outcome != WAITING:
             self._close_bucket(edge, bucket_key, bucket, outcome)
 
@@ -492,13 +494,13 @@ class Call:
             self.alive[reset] += 1
         for consumer in node.order_feeds:
             heappush(self.order_heaps[consumer.index], (act.order_bound(), self._ticket(), act))
+        producer = self.producer
+        if producer is not None and not node.in_cycle:  # (a loop could wait on itself)
+            act.parent = producer
+            producer.children += 1
+            if producer.children >= CHILDREN_HIGH:
+                producer.pause = True
         if not node.session:
-            producer = self.producer
-            if producer is not None and not node.in_cycle:  # (a loop could wait on itself)
-                act.parent = producer
-                producer.children += 1
-                if producer.children >= CHILDREN_HIGH:
-                    producer.pause = True
             self._spawn(act)
             return
         sequencer = self.sequencers.get(node.index)
@@ -560,12 +562,14 @@ class Call:
                 node = act.node
                 streams: dict | None = {} if node.feeds_stream_slots else None
                 reason: Reason | None = None
-                result = None
+                result = limit = None
                 try:
                     if self.cancelled:
                         raise asyncio.CancelledError
                     result = self._begin(act)
-                    async with NO_TIMEOUT if node.timeout is None else asyncio.timeout(node.timeout):
+                    if node.timeout is not None:
+                        limit = asyncio.timeout(node.timeout)
+                    async with NO_TIMEOUT if limit is None else limit:
                         if type(result) is AsyncGeneratorType:
                             while True:
                                 if act.pause:  # every PAUSE_EVERY frames, or its consumers are behind
@@ -602,18 +606,28 @@ class Call:
                         if act.extras:  # broadcast: the other replicas run for their side effects
                             self._launch()
                             for extra in act.extras:
-                                await RoleBinding.drain(extra)
+                                await _drain(extra)
+                    if limit is not None and limit.expired():  # the role swallowed the cancellation and returned
+                        raise TimeoutError
                 except TimeoutError as error:
-                    reason = CANCEL
-                    # where the role was waiting: the cancellation the timeout threw into it
-                    where = place(error.__context__ or error, self.runtime.bundle.python_path) or _code_place(result)
-                    self._error(node, f"timed out after {node.timeout:g}s", where)
-                    self.cancel("timeout")
-                except asyncio.CancelledError:
-                    reason = CANCEL
-                except GeneratorExit:
-                    raise  # this coroutine is being closed (the loop is going away): not the role's doing
+                    if limit is not None and limit.expired():
+                        reason = CANCEL
+                        # where the role was waiting: the cancellation the timeout threw into it
+                        where = place(error.__context__ or error, self.runtime.bundle.python_path) or _code_place(result)
+                        self._error(node, f"timed out after {node.timeout:g}s", where)
+                        self.cancel("timeout")
+                    else:  # the role's own (a backend it waited for timed out)
+                        reason = ERROR
+                        self._role_failed(act, error, result)
+                except asyncio.CancelledError as error:
+                    if self.cancelled or task.cancelling():
+                        reason = CANCEL
+                    else:  # raised by the role itself, nobody cancelled it
+                        reason = ERROR
+                        self._role_failed(act, error, result)
                 except BaseException as error:  # noqa: BLE001 - even SystemExit from a role fails the call, not the process
+                    if type(error) is GeneratorExit and (error.__traceback__ is None or error.__traceback__.tb_next is None):
+                        raise  # thrown into this coroutine as it is closed (the loop is going away): not the role's doing
                     reason = ERROR
                     self._role_failed(act, error, result)
                 finally:
@@ -658,8 +672,10 @@ class Call:
 
     def _yielded(self, act: Activation, frame: Any, streams: dict | None) -> None:
         """A frame the role yielded: dispatch it (what it readies waits for this task)."""
+        if self.cancelled:  # the role caught the call's cancellation and went on yielding
+            raise asyncio.CancelledError
         node = act.node
-        if type(frame) is not dict or not frame.keys() <= node.out_fields:
+        if type(frame) is not dict or not _declared_only(frame, node.out_fields):
             frame = _frame(frame, node)
         if act.yielded and not node.stream:
             raise RoleProtocolError(
@@ -679,7 +695,7 @@ class Call:
         """The role returned: dispatch its frame (None is none)."""
         if frame is not None:
             node = act.node
-            if type(frame) is not dict or not frame.keys() <= node.out_fields:
+            if type(frame) is not dict or not _declared_only(frame, node.out_fields):
                 frame = _frame(frame, node)
             self._dispatch_frame(act, frame, 0, streams)
             act.yielded = 1
@@ -688,6 +704,8 @@ class Call:
         """Between two frames of a streaming activation: wait while the caller or the
         activations its frames readied are behind (rule 13), else give the loop one turn."""
         act.pause = False
+        if asyncio.current_task().cancelling():  # a timeout or cancel the role caught and went on from
+            raise asyncio.CancelledError
         waited = False
         while len(self.outbox) >= OUTBOX_HIGH or act.children >= CHILDREN_HIGH:
             if len(self.outbox) >= OUTBOX_HIGH:
@@ -717,16 +735,12 @@ class Call:
         else:
             message, where = f"{type(error).__name__}: {_text(error)}", place(error, self.runtime.bundle.python_path)
         self._error(node, message, where)
-        log.warning(
-            "call %s (session %s): %s on replica %s failed at %s: %s",
-            self.call_id,
-            self.session,
-            node.id,
-            act.replica,
-            where or "?",
-            message,
-            exc_info=error,
-        )
+        replica = f"replica {act.replica}" if act.replica >= 0 else "every replica"  # (broadcast)
+        line = f"call {self.call_id} (session {self.session}): {node.id} on {replica} failed at {where or '?'}: {message}"
+        try:
+            log.warning("%s", line, exc_info=error)
+        except BaseException:  # noqa: BLE001 - formatting its traceback ran the role's code again, and that raised
+            log.warning("%s (its traceback could not be shown)", line)
 
     # ── outbound ──
 
@@ -966,6 +980,24 @@ def _frame(frame: object, node: NodeProgram) -> dict:
     return dict(frame)
 
 
+async def _drain(result: Any) -> None:
+    """Run a broadcast replica's activation to its end (only the chosen replica's frames count),
+    giving the loop a turn every PAUSE_EVERY frames as rule 13 does for any stream."""
+    if type(result) is AsyncGeneratorType:
+        frames = 0
+        async for _ in result:
+            frames += 1
+            if frames % PAUSE_EVERY == 0:
+                await asyncio.sleep(0)
+    else:
+        await result
+
+
+def _declared_only(frame: dict, fields: frozenset) -> bool:
+    """Whether every field of `frame` is one of `fields` (Cython runs this `all` as a C loop)."""
+    return all(name in fields for name in frame)
+
+
 def _code_place(result: Any) -> str:
     """`file:line` where a role's generator stands (its last `yield`), or where its coroutine
     was defined (it has returned): the place of a frame that broke the role's contract."""
@@ -980,7 +1012,7 @@ def _text(error: BaseException) -> str:
     """What a role's exception says, even when its `__str__` itself fails."""
     try:
         return str(error)
-    except Exception as broken:  # noqa: BLE001 - the role's failure is reported, not a second one
+    except BaseException as broken:  # noqa: BLE001 - the role's failure is reported, not a second one
         return f"(its message could not be shown: {type(broken).__name__})"
 
 

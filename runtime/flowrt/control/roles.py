@@ -129,14 +129,5 @@ class RoleBinding:
             if inspect.iscoroutine(result) and result.cr_frame is not None and not result.cr_running:
                 result.close()  # a broadcast replica never awaited (the chosen one raised): no warning
 
-    @staticmethod
-    async def drain(result: Any) -> None:
-        """Run a broadcast replica's activation to its end; only the chosen replica's frames count."""
-        if inspect.isasyncgen(result):
-            async for _ in result:
-                pass
-        else:
-            await result
-
     def busy_replicas(self) -> int:
         return sum(1 for n in self.load if n)
