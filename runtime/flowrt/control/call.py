@@ -994,8 +994,12 @@ async def _drain(result: Any) -> None:
 
 
 def _declared_only(frame: dict, fields: frozenset) -> bool:
-    """Whether every field of `frame` is one of `fields` (Cython runs this `all` as a C loop)."""
-    return all(name in fields for name in frame)
+    """Whether every field of `frame` is one of `fields`: a plain loop, which the compiled core
+    runs in C (`all(...)` over a generator expression would build a generator per frame)."""
+    for name in frame:  # noqa: SIM110 - see above
+        if name not in fields:
+            return False
+    return True
 
 
 def _code_place(result: Any) -> str:
