@@ -1,7 +1,7 @@
 """flowrt's control flow: node tables executed by lookup, buckets, order, joins, completion.
 
 The public names are re-exported here; the modules own one piece each (program, signals,
-bucket, sequencer, roles, call, bounds, impls, sessions, runtime). `COMPILED` says whether the core runs compiled
+bucket, sequencer, roles, call, bounds, contract, impls, sessions, runtime). `COMPILED` says whether the core runs compiled
 or from its Python sources, and `CORE` says why (flowrt.control.native).
 """
 

@@ -33,10 +33,10 @@ from flowrt.control import bounds
 from flowrt.control import bucket as _bucket
 from flowrt.control import program as _program
 from flowrt.control.bucket import Bucket
+from flowrt.control.contract import checked_frame, failure, log_failure, second_frame, waiting_place
 from flowrt.control.program import Edge, GraphProgram, NodeProgram, OrderConsumer
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Reason
-from flowrt.errors import place, shown
 
 if TYPE_CHECKING:
     from flowrt.control.runtime import Runtime
@@ -613,7 +613,7 @@ class Call:
                     if limit is not None and limit.expired():
                         reason = CANCEL
                         # where the role was waiting: the cancellation the timeout threw into it
-                        where = place(error.__context__ or error, self.runtime.bundle.python_path) or _code_place(result)
+                        where = waiting_place(error, result, self.runtime.bundle.python_path)
                         self._error(node, f"timed out after {node.timeout:g}s", where)
                         self.cancel("timeout")
                     else:  # the role's own (a backend it waited for timed out)
@@ -676,12 +676,9 @@ class Call:
             raise asyncio.CancelledError
         node = act.node
         if type(frame) is not dict or not _declared_only(frame, node.out_fields):
-            frame = _frame(frame, node)
+            frame = checked_frame(frame, node.id, node.out_fields)
         if act.yielded and not node.stream:
-            raise RoleProtocolError(
-                f"`{node.id}` yielded a second frame, but its interface is not `out stream` (one frame per activation); "
-                "declare `out stream ...` in the .flow file, or yield once"
-            )
+            raise second_frame(node.id)
         self.producer = act
         self._dispatch_frame(act, frame, act.yielded, streams)
         self.producer = None
@@ -696,7 +693,7 @@ class Call:
         if frame is not None:
             node = act.node
             if type(frame) is not dict or not _declared_only(frame, node.out_fields):
-                frame = _frame(frame, node)
+                frame = checked_frame(frame, node.id, node.out_fields)
             self._dispatch_frame(act, frame, 0, streams)
             act.yielded = 1
 
@@ -730,17 +727,11 @@ class Call:
         """A role raised (or broke the role protocol): an error event with the place in the
         role's code, and the traceback in the log."""
         node = act.node
-        if isinstance(error, RoleProtocolError):  # raised by flowrt: the place is where the role stood
-            message, where = str(error), _code_place(result)
-        else:
-            message, where = f"{type(error).__name__}: {_text(error)}", place(error, self.runtime.bundle.python_path)
+        message, where = failure(error, result, self.runtime.bundle.python_path)
         self._error(node, message, where)
         replica = f"replica {act.replica}" if act.replica >= 0 else "every replica"  # (broadcast)
         line = f"call {self.call_id} (session {self.session}): {node.id} on {replica} failed at {where or '?'}: {message}"
-        try:
-            log.warning("%s", line, exc_info=error)
-        except BaseException:  # noqa: BLE001 - formatting its traceback ran the role's code again, and that raised
-            log.warning("%s (its traceback could not be shown)", line)
+        log_failure(log, line, error)
 
     # ── outbound ──
 
@@ -952,32 +943,10 @@ def _counts_met(node: NodeProgram, state: JoinState) -> bool:
     return True
 
 
-class RoleProtocolError(Exception):
-    """A role broke the contract of its interface: a frame that is not a dict of its declared
-    out fields, or a second frame from an interface that does not stream."""
-
-
 def _wake(act: Activation) -> None:
     resume = act.resume
     if resume is not None and not resume.done():
         resume.set_result(None)
-
-
-def _frame(frame: object, node: NodeProgram) -> dict:
-    """A frame that is not a plain dict of declared fields: a dict subclass is copied, anything
-    else, or a field the interface does not declare, breaks the role's contract."""
-    if not isinstance(frame, dict):
-        raise RoleProtocolError(
-            f"`{node.id}` must yield or return a dict of its out fields ({_declared(node)}), not {type(frame).__name__}"
-        )
-    extra = sorted(str(name) for name in frame if name not in node.out_fields)
-    if extra:
-        names = ", ".join(f"`{name}`" for name in extra)
-        raise RoleProtocolError(
-            f"`{node.id}` produced {names}, which its interface does not declare (it declares {_declared(node)}); "
-            "add it to the interface's `out` clause in the .flow file, or leave it out of the frame"
-        )
-    return dict(frame)
 
 
 async def _drain(result: Any) -> None:
@@ -1000,25 +969,3 @@ def _declared_only(frame: dict, fields: frozenset) -> bool:
         if name not in fields:
             return False
     return True
-
-
-def _code_place(result: Any) -> str:
-    """`file:line` where a role's generator stands (its last `yield`), or where its coroutine
-    was defined (it has returned): the place of a frame that broke the role's contract."""
-    frame = getattr(result, "ag_frame", None)
-    if frame is not None:
-        return f"{shown(frame.f_code.co_filename)}:{frame.f_lineno}"
-    code = getattr(result, "ag_code", None) or getattr(result, "cr_code", None)
-    return f"{shown(code.co_filename)}:{code.co_firstlineno}" if code is not None else ""
-
-
-def _text(error: BaseException) -> str:
-    """What a role's exception says, even when its `__str__` itself fails."""
-    try:
-        return str(error)
-    except BaseException as broken:  # noqa: BLE001 - the role's failure is reported, not a second one
-        return f"(its message could not be shown: {type(broken).__name__})"
-
-
-def _declared(node: NodeProgram) -> str:
-    return ", ".join(f"`{name}`" for name in sorted(node.out_fields)) or "no fields"
