@@ -61,7 +61,7 @@ cdef class Call:
     cdef _unblock(self)
     cdef _finish(self)
     cpdef cancel(self, str reason=*)
-    @cython.locals(bucket=Bucket, outcome=Py_ssize_t, consumer=OrderConsumer, node=NodeProgram)
+    @cython.locals(bucket=Bucket, outcome=Py_ssize_t, consumer=OrderConsumer)
     cdef _arrive(self, Edge edge, tuple key, object value, tuple roots, tuple order)
     @cython.locals(bucket=Bucket, outcome=Py_ssize_t)
     cdef _end(self, Edge edge, tuple key)
@@ -95,7 +95,6 @@ cdef class Call:
     cdef _finished(self, Activation act)
     @cython.locals(node=NodeProgram, yielded=Py_ssize_t)
     cdef _yielded(self, Activation act, object frame, dict streams)
-    @cython.locals(node=NodeProgram)
     cdef _returned(self, Activation act, object frame, dict streams)
     cpdef taken(self)
     cdef _role_failed(self, Activation act, object error, object result)
@@ -122,7 +121,8 @@ cdef class Call:
 
 cdef tuple _first_step(object awaitable)
 cdef _wake(Activation act)
-cdef bint _declared_only(dict frame, frozenset fields) except -1
+@cython.locals(fields=frozenset)
+cdef dict _as_frame(object frame, NodeProgram node)
 cdef tuple _out_roots(NodeProgram node, Py_ssize_t aid, tuple roots, Py_ssize_t yidx)
 @cython.locals(root=Py_ssize_t)
 cdef tuple _key(NodeProgram node, Py_ssize_t aid, Edge edge, tuple roots, Py_ssize_t yidx)

@@ -349,11 +349,8 @@ class Call:
         before = bucket.order
         outcome = bucket.arrived(edge.slot, value, order)
         if bucket.order is not before:  # its activation's key can now be this small
-            node = edge.node
-            for consumer in node.order_feeds:
+            for consumer in edge.node.bucket_feeds:
                 heappush(self.order_heaps[consumer.index], (bucket.order, self._ticket(), bucket))
-            if node.ordered:  # an ordered session node's own bucket: what fills it may come first
-                heappush(self.order_heaps[node.consumer.index], (bucket.order, self._ticket(), bucket))
         if outcome != WAITING:
             self._close_bucket(edge, bucket_key, bucket, outcome)
 
@@ -675,8 +672,7 @@ class Call:
         if self.cancelled:  # the role caught the call's cancellation and went on yielding
             raise asyncio.CancelledError
         node = act.node
-        if type(frame) is not dict or not _declared_only(frame, node.out_fields):
-            frame = checked_frame(frame, node.id, node.out_fields)
+        frame = _as_frame(frame, node)
         if act.yielded and not node.stream:
             raise second_frame(node.id)
         self.producer = act
@@ -691,10 +687,7 @@ class Call:
     def _returned(self, act: Activation, frame: Any, streams: dict | None) -> None:
         """The role returned: dispatch its frame (None is none)."""
         if frame is not None:
-            node = act.node
-            if type(frame) is not dict or not _declared_only(frame, node.out_fields):
-                frame = checked_frame(frame, node.id, node.out_fields)
-            self._dispatch_frame(act, frame, 0, streams)
+            self._dispatch_frame(act, _as_frame(frame, act.node), 0, streams)
             act.yielded = 1
 
     async def _pause(self, act: Activation) -> None:
@@ -705,7 +698,7 @@ class Call:
             raise asyncio.CancelledError
         waited = False
         while len(self.outbox) >= OUTBOX_HIGH or act.children >= CHILDREN_HIGH:
-            if len(self.outbox) >= OUTBOX_HIGH:
+            if len(self.outbox) >= OUTBOX_HIGH and act not in self.outbox_waiters:
                 self.outbox_waiters.append(act)
             act.resume = self.loop.create_future()
             try:
@@ -962,10 +955,15 @@ async def _drain(result: Any) -> None:
         await result
 
 
-def _declared_only(frame: dict, fields: frozenset) -> bool:
-    """Whether every field of `frame` is one of `fields`: a plain loop, which the compiled core
-    runs in C (`all(...)` over a generator expression would build a generator per frame)."""
-    for name in frame:  # noqa: SIM110 - see above
-        if name not in fields:
-            return False
-    return True
+def _as_frame(frame: object, node: NodeProgram) -> dict:
+    """A role's frame as dispatched: a plain dict of declared fields as it is (a plain loop,
+    which the compiled core runs in C; `all(...)` would build a generator per frame), anything
+    else through the role contract's check (a copy, or RoleProtocolError)."""
+    if type(frame) is dict:
+        fields = node.out_fields
+        for name in frame:
+            if name not in fields:
+                break
+        else:
+            return frame
+    return checked_frame(frame, node.id, node.out_fields)

@@ -35,7 +35,7 @@ cdef class NodeProgram:
     cdef public str id, method
     cdef public object role, join, binding, timeout
     cdef public bint interface, session, ordered, stream, diamond_root, in_cycle, feeds_stream_slots, generator
-    cdef public tuple groups, routes, join_watchers, order_feeds, reset_counters, ancestors
+    cdef public tuple groups, routes, join_watchers, order_feeds, bucket_feeds, reset_counters, ancestors
     cdef public frozenset carried, out_fields
     cdef public OrderConsumer consumer
     cdef public list methods

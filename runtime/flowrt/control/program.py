@@ -126,6 +126,7 @@ class NodeProgram:
         "feeds_stream_slots",
         "out_fields",
         "order_feeds",
+        "bucket_feeds",
         "reset_counters",
         "ancestors",
         "consumer",
@@ -154,6 +155,9 @@ class NodeProgram:
         self.feeds_stream_slots = False  # some out edge ends at a stream slot (closed when an activation ends)
         self.out_fields: frozenset[str] = frozenset()  # the interface's declared out fields
         self.order_feeds: tuple[OrderConsumer, ...] = ()  # consumers whose heap_nodes hold this node
+        # the consumers its open buckets bound: order_feeds, and its own input's if it is an
+        # ordered session node (what fills its bucket may come before what it holds)
+        self.bucket_feeds: tuple[OrderConsumer, ...] = ()
         self.reset_counters: tuple[int, ...] = ()  # session resets this node's work keeps alive
         self.ancestors: tuple[int, ...] = ()  # for joins: every node that can feed it
         self.consumer: OrderConsumer | None = None  # for an ordered session node: its input's consumer
@@ -302,6 +306,7 @@ class GraphProgram:
             consumer.join_resets = tuple(sorted(joins))
         for node in nodes:
             node.order_feeds = tuple(c for c in consumers if node.index in c.heap_nodes)
+            node.bucket_feeds = node.order_feeds + ((node.consumer,) if node.consumer is not None else ())
         counters: list[list[int]] = [[] for _ in nodes]
         for reset, index in enumerate(resets):
             for member in _ancestors(index, preds) | {index}:
