@@ -380,7 +380,25 @@ def _prepare_output(out: Path) -> None:
     show_default=True,
     help="Serving: the largest request body accepted, in MiB.",
 )
-@click.option("--registry", metavar="URL", help="A shared registry (redis://...); not in this release.")
+@click.option(
+    "--deploy",
+    default="inproc",
+    show_default=True,
+    metavar="inproc|local|ray[=ADDRESS]",
+    help="Where the roles run: this process, one process per replica (local), or Ray actors (docs/deploy.md).",
+)
+@click.option(
+    "--registry",
+    metavar="URL",
+    help="local/ray: keep the replica registry in Redis (redis://[:PASSWORD@]HOST:PORT/DB, rediss://...) instead of the embedded one.",
+)
+@click.option(
+    "--heartbeat-ttl",
+    metavar="SECONDS",
+    default="3",
+    show_default=True,
+    help="local/ray: a replica not heard from for this long is dropped (its calls end with an error) and restarted.",
+)
 @click.option("--debug", "run_debug", is_flag=True, help="Log debug records and full tracebacks (as `flowc --debug run`).")
 @_color_option
 @click.pass_context
@@ -395,7 +413,9 @@ def run(
     session_ttl: str,
     max_sessions: str,
     max_body_mb: str,
+    deploy: str,
     registry: str | None,
+    heartbeat_ttl: str,
     run_debug: bool,
     color: bool | None,
 ) -> None:
@@ -427,8 +447,6 @@ def run(
     from flowrt import options
     from flowrt.logs import show_log
 
-    if registry is not None:
-        raise click.UsageError("a shared registry (--registry) is not part of this release; omit it to use the embedded one")
     if graph_name is None and (input_json != "{}" or session or timeout is not None):
         raise click.UsageError(
             "--input, --session and --timeout belong to one call: add --once GRAPH, "
@@ -438,8 +456,10 @@ def run(
     ttl = running.option_value(options.session_ttl_seconds, "--session-ttl", session_ttl)
     cap = running.option_value(options.session_cap, "--max-sessions", max_sessions)
     body_mb = running.option_value(options.size_mib, "--max-body-mb", max_body_mb)
+    placement = running.placement(deploy, registry, heartbeat_ttl)
     inputs = running.parse_input(input_json) if graph_name is not None else {}
-    show_log(debug=run_debug or bool(ctx.find_root().params.get("debug")))
+    debug = run_debug or bool(ctx.find_root().params.get("debug"))
+    show_log(debug=debug)
     path = Path(target)
     with tempfile.TemporaryDirectory(prefix="flowc-run-") as scratch:
         if path.suffix == ".flow" or path.is_file():
@@ -451,9 +471,9 @@ def run(
         else:
             bundle_dir = path
         if graph_name is None:
-            running.serve_bundle(bundle_dir, http, ttl, cap, body_mb)
+            running.serve_bundle(bundle_dir, http, ttl, cap, body_mb, placement, debug)
             return
-        code = asyncio.run(running.run_once(bundle_dir, graph_name, inputs, session, seconds))
+        code = asyncio.run(running.run_once(bundle_dir, graph_name, inputs, session, seconds, placement, debug))
     sys.exit(code)
 
 

@@ -63,6 +63,26 @@ def option_value(check: Any, name: str, value: Any) -> Any:
         raise Refused(f"{name}: {error}") from None
 
 
+def placement(deploy: str, registry: str | None, heartbeat_ttl: str) -> dict:
+    """`--deploy`, `--registry` and `--heartbeat-ttl`, checked, as open_deployment's arguments."""
+    from flowrt import options
+    from flowrt.deploy.launch import parse_deploy
+    from flowrt.registry import RegistryError, parse_registry
+
+    try:
+        kind, _ = parse_deploy(deploy)
+    except ValueError as error:
+        raise Refused(f"--deploy: {error}") from None
+    try:
+        registry = parse_registry(registry)
+    except RegistryError as error:
+        raise Refused(str(error)) from None
+    if registry is not None and kind == "inproc":
+        raise Refused("--registry is for --deploy local or ray; add --deploy local, or leave --registry out")
+    ttl = option_value(options.timeout_seconds, "--heartbeat-ttl", heartbeat_ttl)
+    return {"deploy": deploy, "registry": registry, "heartbeat_ttl": ttl}
+
+
 class _Signals:
     """SIGINT/SIGTERM during `--once`: cancel the call, or stop opening the bundle."""
 
@@ -88,15 +108,25 @@ class _Signals:
             self.task.cancel()  # still opening the bundle (a role's setup, say): stop there
 
 
-async def run_once(bundle_dir: Path, graph: str, inputs: dict, session: str | None, timeout: float | None) -> int:
+async def run_once(
+    bundle_dir: Path,
+    graph: str,
+    inputs: dict,
+    session: str | None,
+    timeout: float | None,
+    placement: dict | None = None,
+    debug: bool = False,
+) -> int:
     """Call `graph` once, print its events as JSON lines; the exit status."""
-    from flowrt.control import FlowrtError, Runtime
+    from flowrt.control import FlowrtError
+    from flowrt.deploy import open_deployment
     from flowrt.values import event_json
 
     signals = _Signals()
     signals.install()
     try:
-        runtime = await Runtime.open(bundle_dir)
+        deployment = await open_deployment(bundle_dir, **(placement or {}), debug=debug)
+        runtime = deployment.runtime
     except FlowrtError as error:
         raise Refused(str(error)) from None
     except asyncio.CancelledError:
@@ -116,13 +146,21 @@ async def run_once(bundle_dir: Path, graph: str, inputs: dict, session: str | No
     except FlowrtError as error:
         raise Refused(str(error)) from None
     finally:
-        await runtime.close()
+        await deployment.close()
     if signals.received is not None:
         return 128 + signals.received
     return 0 if status == "ok" else 1
 
 
-def serve_bundle(bundle_dir: Path, http: str, session_ttl: float, max_sessions: int, max_body_mb: float) -> None:
+def serve_bundle(
+    bundle_dir: Path,
+    http: str,
+    session_ttl: float,
+    max_sessions: int,
+    max_body_mb: float,
+    placement: dict | None = None,
+    debug: bool = False,
+) -> None:
     """Serve over HTTP until SIGINT or SIGTERM."""
     try:
         from flowrt.serve import CannotListen, parse_address, serve
@@ -135,8 +173,19 @@ def serve_bundle(bundle_dir: Path, http: str, session_ttl: float, max_sessions: 
     except ValueError as error:
         raise Refused(f"--http takes HOST:PORT: {error}") from None
     try:
-        asyncio.run(serve(bundle_dir, host, port, session_ttl=session_ttl, max_sessions=max_sessions, max_body_mb=max_body_mb))
+        asyncio.run(
+            serve(
+                bundle_dir,
+                host,
+                port,
+                session_ttl=session_ttl,
+                max_sessions=max_sessions,
+                max_body_mb=max_body_mb,
+                debug=debug,
+                **(placement or {}),
+            )
+        )
     except CannotListen as error:
-        raise click.ClickException(str(error)) from None
+        raise Refused(str(error)) from None
     except FlowrtError as error:
         raise Refused(str(error)) from None

@@ -145,9 +145,15 @@ def main(path: Path, argv: list[str]) -> int:
         "command",
         nargs="?",
         default="info",
-        choices=["info", "check", "serve", "launch-ray"],
+        choices=["info", "check", "serve", "launch", "launch-ray"],
         help="info: what the bundle holds (default); check: load and cross-check every table; "
-        "serve: serve it over HTTP (as `flowc run DIR`); launch-ray: start it on Ray",
+        "serve: serve it over HTTP in this process (as `flowc run DIR`); launch: serve it with one process "
+        "per replica (--deploy local, the default) or on Ray (--deploy ray[=ADDRESS]); launch-ray: launch --deploy ray",
+    )
+    parser.add_argument("--deploy", metavar="inproc|local|ray[=ADDRESS]", help="serve/launch: where the roles run")
+    parser.add_argument("--registry", metavar="URL", help="launch: the replica registry in Redis (redis://...)")
+    parser.add_argument(
+        "--heartbeat-ttl", metavar="SECONDS", default="3", help="launch: drop a replica not heard from for this long (default: 3)"
     )
     parser.add_argument("--http", metavar="HOST:PORT", default="127.0.0.1:8000", help="serve: where to listen")
     parser.add_argument(
@@ -170,11 +176,15 @@ def main(path: Path, argv: list[str]) -> int:
     )
     parser.add_argument("--debug", action="store_true", help="log debug records and full tracebacks of role errors")
     args = parser.parse_args(argv)
+    deploy = args.deploy or {"launch": "local", "launch-ray": "ray"}.get(args.command, "inproc")
     try:
         limits = {
             "session_ttl": options.session_ttl_seconds(args.session_ttl),
             "max_sessions": options.session_cap(args.max_sessions),
             "max_body_mb": options.size_mib(args.max_body_mb),
+            "deploy": deploy,
+            "registry": args.registry,
+            "heartbeat_ttl": options.timeout_seconds(args.heartbeat_ttl),
         }
     except ValueError as error:
         parser.error(str(error))  # exits 2
@@ -183,11 +193,8 @@ def main(path: Path, argv: list[str]) -> int:
     except BundleError as error:
         print(f"flowrt: {error}", file=sys.stderr)
         return 1
-    if args.command == "serve":
+    if args.command in ("serve", "launch", "launch-ray"):
         return _serve(path, args.http, args.debug, limits)
-    if args.command == "launch-ray":
-        print("flowrt: this flowrt release loads and checks bundles; the Ray launcher is not part of it yet", file=sys.stderr)
-        return 2
     print(describe(bundle) if args.command == "info" else f"bundle {bundle.name}: {len(bundle.roles)} roles, tables consistent")
     return 0
 
@@ -206,8 +213,11 @@ def _serve(path: Path, address: str, debug: bool, limits: dict) -> int:
         return 2
     show_log(debug)
     try:
-        asyncio.run(serve(path, host, port, **limits))
-    except FlowrtError as error:  # a role that cannot be imported or set up, an address that is taken
+        asyncio.run(serve(path, host, port, debug=debug, **limits))
+    except FlowrtError as error:  # a role that cannot be imported or set up, an address that is taken, a bad --deploy
         print(f"flowrt: {error}", file=sys.stderr)
-        return 1
+        return 2 if limits["deploy"] != "inproc" else 1
+    except ValueError as error:  # --deploy or --registry in a form flowrt does not take
+        print(f"flowrt: {error}", file=sys.stderr)
+        return 2
     return 0

@@ -44,6 +44,7 @@ from flowrt.options import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_SESSIONS, DEFAULT_SE
 from flowrt.values import event_json
 
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
+DEPLOYMENT: web.AppKey[Any] = web.AppKey("deployment", object)  # flowrt.deploy.Deployment, when serving one
 MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)  # bytes
 NDJSON = "application/x-ndjson"
 log = logging.getLogger("flowrt.serve")
@@ -142,6 +143,9 @@ async def stats(request: web.Request) -> web.Response:
             return _error(400, f"`idle`: {error}", "e.g. /stats?idle=5 waits at most 5 s for no call in flight")
         with contextlib.suppress(TimeoutError):  # report what is still in flight
             await asyncio.wait_for(runtime.wait_idle(), idle)
+    deployment = request.app.get(DEPLOYMENT)
+    if deployment is not None:
+        return web.json_response(await deployment.statistics())
     return web.json_response(runtime.statistics())
 
 
@@ -207,10 +211,12 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
     return response if response is not None else web.Response(status=499)  # the client is gone: nobody reads it
 
 
-def application(runtime: Runtime, max_body_mb: float = DEFAULT_MAX_BODY_MB) -> web.Application:
+def application(runtime: Runtime, max_body_mb: float = DEFAULT_MAX_BODY_MB, deployment: Any = None) -> web.Application:
     max_body = int(max_body_mb * 2**20)
     app = web.Application(middlewares=[json_errors], client_max_size=max_body)
     app[RUNTIME] = runtime
+    if deployment is not None:
+        app[DEPLOYMENT] = deployment
     app[MAX_BODY] = max_body
     app.router.add_get("/health", health)
     app.router.add_get("/graphs", graphs)
@@ -227,12 +233,33 @@ async def serve(
     session_ttl: float = DEFAULT_SESSION_TTL,
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    deploy: str = "inproc",
+    registry: str | None = None,
+    heartbeat_ttl: float | None = None,
+    debug: bool = False,
 ) -> None:
-    """Serve until SIGINT or SIGTERM; prints `serving NAME on http://HOST:PORT` once listening."""
-    runtime = await Runtime.open(bundle_dir, session_ttl=session_ttl, max_sessions=max_sessions)
-    runner = web.AppRunner(application(runtime, max_body_mb), handler_cancellation=True, access_log=None)
-    await runner.setup()
+    """Serve until SIGINT or SIGTERM; prints `serving NAME on http://HOST:PORT` once listening.
+    `deploy`, `registry` and `heartbeat_ttl` pick where the roles run (flowrt.deploy)."""
+    from flowrt.deploy import open_deployment
+    from flowrt.registry import DEFAULT_HEARTBEAT_TTL
+
+    deployment = await open_deployment(
+        bundle_dir,
+        deploy,
+        registry=registry,
+        heartbeat_ttl=heartbeat_ttl or DEFAULT_HEARTBEAT_TTL,
+        session_ttl=session_ttl,
+        max_sessions=max_sessions,
+        debug=debug,
+    )
+    runtime = deployment.runtime
+    runner = web.AppRunner(
+        application(runtime, max_body_mb, deployment if deployment.supervisor is not None else None),
+        handler_cancellation=True,
+        access_log=None,
+    )
     try:
+        await runner.setup()
         site = web.TCPSite(runner, host, port)
         try:
             await site.start()
@@ -250,4 +277,7 @@ async def serve(
         print("stopping: cancelling the calls in flight", file=sys.stderr, flush=True)
         await runtime.close()  # every stream ends with its `done` event before connections close
     finally:
-        await runner.cleanup()
+        try:
+            await runner.cleanup()
+        finally:
+            await deployment.close()  # the replica processes stop with the server, however it stops

@@ -192,12 +192,12 @@ def test_sigterm_cancels_calls_in_flight_and_ends_their_streams(ticks_bundle: Pa
 
 def test_serving_options_that_cannot_work_are_refused_with_the_fix(image_chat_bundle: Path):
     registry = flowc("run", str(image_chat_bundle), "--registry", "redis://127.0.0.1:6379")
-    assert registry.returncode == 2 and "not part of this release" in registry.stderr
+    assert registry.returncode == 2 and "--registry is for --deploy local or ray" in registry.stderr
     address = flowc("run", str(image_chat_bundle), "--http", "localhost")
     assert address.returncode == 2 and "--http takes HOST:PORT" in address.stderr
     with serving(image_chat_bundle) as server:
         taken = flowc("run", str(image_chat_bundle), "--http", f"127.0.0.1:{server.port}")
-        assert taken.returncode == 1 and f"cannot listen on 127.0.0.1:{server.port}" in taken.stderr
+        assert taken.returncode == 2 and f"cannot listen on 127.0.0.1:{server.port}" in taken.stderr
         assert "Traceback" not in taken.stderr
 
 

@@ -36,6 +36,16 @@ def checked_frame(frame: object, node_id: str, declared: frozenset) -> dict:
     return dict(frame)
 
 
+class RemoteFailure(Exception):
+    """A role failed in another process (or its process went away): the message and the place
+    as that process described them (docs/deploy.md); the embedded runtime reports it as is."""
+
+    def __init__(self, message: str, where: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.where = where
+
+
 def second_frame(node_id: str) -> RoleProtocolError:
     return RoleProtocolError(
         f"`{node_id}` yielded a second frame, but its interface is not `out stream` (one frame per activation); "
@@ -48,11 +58,17 @@ def failure(error: BaseException, result: Any, prefer: list[Path]) -> tuple[str,
     the role stood; else the exception and the innermost frame of the role's own code."""
     if isinstance(error, RoleProtocolError):
         return str(error), code_place(result)
+    if isinstance(error, RemoteFailure):
+        return error.message, error.where
     return f"{type(error).__name__}: {_text(error)}", place(error, prefer)
 
 
 def waiting_place(error: BaseException, result: Any, prefer: list[Path]) -> str:
-    """Where a role was when its timeout expired: the cancellation the timeout threw into it."""
+    """Where a role was when its timeout expired: the cancellation the timeout threw into it
+    (in another process: where that process said it was)."""
+    remote = getattr(error.__context__ or error, "flowrt_where", None)
+    if remote is not None:
+        return remote
     return place(error.__context__ or error, prefer) or code_place(result)
 
 

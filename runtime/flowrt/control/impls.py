@@ -79,10 +79,10 @@ def import_impl(role: RoleSpec, python_path: list[Path], bundle_path: Path) -> A
     return target
 
 
-def construct(role: RoleSpec, cls: Any, python_path: list[Path]) -> list[Any]:
-    """One instance of `cls` per replica, each constructed without arguments."""
+def construct(role: RoleSpec, cls: Any, python_path: list[Path], count: int | None = None) -> list[Any]:
+    """One instance of `cls` per replica (or `count` of them), each constructed without arguments."""
     instances = []
-    for _ in range(role.replicas):
+    for _ in range(role.replicas if count is None else count):
         try:
             instances.append(cls())
         except Exception as error:  # noqa: BLE001 - the user's __init__: a clear error, not a traceback

@@ -100,12 +100,20 @@ class Runtime:
         session_ttl: float = DEFAULT_SESSION_TTL,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         clock: Callable[[], float] = time.monotonic,
+        binder: Any = None,
     ) -> Runtime:
         """Load a bundle, import, construct and check its roles, and run their `setup`
         (`instances` overrides impls, e.g. in tests). Idle sessions keep their state for
-        `session_ttl` seconds, at most `max_sessions` of them (`clock` tells the time)."""
+        `session_ttl` seconds, at most `max_sessions` of them (`clock` tells the time).
+
+        With a `binder` (flowrt.deploy), the roles run elsewhere: nothing is imported here;
+        `binder.binding(spec, globals, log)` gives each role's binding and
+        `binder.generator(role, interface)` says whether an interface streams frames."""
         runtime = cls(load_bundle(Path(path)), session_ttl=session_ttl, max_sessions=max_sessions, clock=clock)
-        await runtime._instantiate(instances or {})
+        if binder is None:
+            await runtime._instantiate(instances or {})
+        else:
+            runtime._bind(binder)
         return runtime
 
     async def close(self) -> None:
@@ -146,6 +154,18 @@ class Runtime:
                     binding = node.binding = self.bindings[node.role]
                     node.methods = binding.methods(node.method)
                     node.generator = any(inspect.isasyncgenfunction(m) for m in node.methods if m is not None)
+                    node.timeout = self.roles[node.role].interfaces[node.method].timeout_s
+
+    def _bind(self, binder: Any) -> None:
+        for name, role in sorted(self.roles.items()):
+            self.instances[name] = []
+            self.bindings[name] = binder.binding(role, self.globals, self.log)
+        for program in self.programs.values():
+            for node in program.nodes:
+                if node.interface:
+                    binding = node.binding = self.bindings[node.role]
+                    node.methods = [None] * binding.count
+                    node.generator = binder.generator(node.role, node.method)
                     node.timeout = self.roles[node.role].interfaces[node.method].timeout_s
 
     async def _setup(self, role: str, replica: int, setup: Any) -> None:

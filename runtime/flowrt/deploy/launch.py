@@ -1,0 +1,100 @@
+"""Opening a bundle under a deployment: `inproc`, `local` or `ray[=ADDRESS]` (DESIGN §5).
+
+    deployment = await open_deployment("build/image_chat", deploy="local")
+    async for event in deployment.runtime.call("chat", {...}):
+        ...
+    await deployment.close()
+
+Whatever the deployment, `runtime` is the same `Runtime` with the same calls and events; only
+where the roles run differs. `statistics()` adds, for `local` and `ray`, what every replica
+process holds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flowrt.bundle import load_bundle
+from flowrt.control import Runtime
+from flowrt.deploy.local import DeployError, LocalSupervisor
+from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
+from flowrt.registry import DEFAULT_HEARTBEAT_TTL, RegistryError, parse_registry
+
+DEPLOYS = ("inproc", "local", "ray")
+
+__all__ = ["DEPLOYS", "DeployError", "Deployment", "open_deployment", "parse_deploy"]
+
+
+def parse_deploy(text: str) -> tuple[str, str | None]:
+    """`inproc`, `local`, `ray` or `ray=ADDRESS` → (kind, address); ValueError naming the forms."""
+    kind, _, address = text.partition("=")
+    if kind not in DEPLOYS or (address and kind != "ray") or (kind == "ray" and "=" in text and not address):
+        raise ValueError(f"expected inproc, local, ray or ray=ADDRESS, not {text!r}")
+    return kind, address or None
+
+
+class Deployment:
+    def __init__(self, kind: str, runtime: Runtime, supervisor: Any = None):
+        self.kind = kind
+        self.runtime = runtime
+        self.supervisor = supervisor
+
+    async def close(self) -> None:
+        try:
+            await self.runtime.close()
+        finally:
+            if self.supervisor is not None:
+                await self.supervisor.close()
+
+    async def statistics(self) -> dict[str, Any]:
+        """The runtime's statistics, and each replica process's own (`processes`)."""
+        stats: dict[str, Any] = dict(self.runtime.statistics())
+        if self.supervisor is not None:
+            stats.update(self.supervisor.remote.statistics())
+            stats["restarts"] = self.supervisor.restarted
+            stats["processes"] = await self.supervisor.remote.probe()
+        return stats
+
+
+async def open_deployment(
+    path: str | Path,
+    deploy: str = "inproc",
+    *,
+    registry: str | None = None,
+    heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL,
+    session_ttl: float = DEFAULT_SESSION_TTL,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    clock: Callable[[], float] = time.monotonic,
+    debug: bool = False,
+) -> Deployment:
+    """Start `path` under `deploy`; DeployError (a FlowrtError) saying why it cannot."""
+    kind, address = parse_deploy(deploy)
+    try:
+        registry = parse_registry(registry)
+    except RegistryError as error:
+        raise DeployError(str(error)) from None
+    if kind == "inproc":
+        if registry is not None:
+            raise DeployError("--registry is for --deploy local or ray (an inproc runtime has no replicas to register)")
+        runtime = await Runtime.open(path, session_ttl=session_ttl, max_sessions=max_sessions, clock=clock)
+        return Deployment(kind, runtime)
+    bundle = load_bundle(Path(path))
+    if kind == "ray":
+        from flowrt.deploy.ray import RaySupervisor
+
+        supervisor: Any = RaySupervisor(bundle, registry, heartbeat_ttl, address, debug)
+    else:
+        supervisor = LocalSupervisor(bundle, registry, heartbeat_ttl, debug)
+    try:
+        await supervisor.start()
+    except RegistryError as error:
+        raise DeployError(str(error)) from None
+    try:
+        runtime = await Runtime.open(path, session_ttl=session_ttl, max_sessions=max_sessions, clock=clock, binder=supervisor)
+    except BaseException:
+        await supervisor.close()
+        raise
+    return Deployment(kind, runtime, supervisor)

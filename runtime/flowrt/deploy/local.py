@@ -1,0 +1,282 @@
+"""`--deploy local`: a supervisor, one OS process per role replica, the gateway in this process.
+
+The supervisor starts `python -m flowrt.deploy.worker` once per replica, relays their stderr,
+and waits until every replica has registered (or one failed to start: its last line says why).
+It watches each process: one that exits is dropped from the registry at once (its calls end
+with an error naming it) and started again after a backoff (0.25 s doubling to 5 s), at most
+MAX_RESTARTS times in RESTART_WINDOW seconds; one whose heartbeat lapsed is killed and
+restarted the same way. Closing stops every process it started (Stop, then SIGTERM, then
+SIGKILL), by PID, and removes the socket directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from flowrt.bundle import Bundle
+from flowrt.deploy.remote import Remote, RemoteBinding
+from flowrt.errors import FlowrtError
+from flowrt.registry import Directory, Record, open_source
+from flowrt.transport.sockets import ipc_endpoint, private_dir, remove_dir
+
+MAX_RESTARTS = 5
+RESTART_WINDOW = 60.0
+FIRST_BACKOFF = 0.25
+MAX_BACKOFF = 5.0
+START_TIMEOUT = 120.0  # seconds for every replica to import, construct, set up and register
+STOP_GRACE = 3.0
+log = logging.getLogger("flowrt.deploy")
+
+
+class DeployError(FlowrtError):
+    """A deployment could not start (a replica that cannot start, a registry that cannot be used)."""
+
+
+@dataclass
+class Process:
+    role: str
+    replica: int
+    proc: asyncio.subprocess.Process | None = None
+    watcher: asyncio.Task | None = None
+    relay: asyncio.Task | None = None
+    last_error: str = ""
+    restarts: list[float] = field(default_factory=list)
+    started: int = 0
+
+
+def exit_text(code: int | None) -> str:
+    if code is None:
+        return "it stopped answering"
+    if code < 0:
+        try:
+            return f"its process was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"its process was killed by signal {-code}"
+    return f"its process exited with status {code}"
+
+
+class LocalSupervisor:
+    def __init__(self, bundle: Bundle, registry: str | None, ttl: float, debug: bool = False):
+        self.bundle = bundle
+        self.registry = registry
+        self.ttl = ttl
+        self.debug = debug
+        self.deployment = uuid.uuid4().hex[:12]
+        self.directory_path: Path | None = None
+        self.context = zmq.asyncio.Context()
+        self.remote = Remote(self.context, {name: spec.replicas for name, spec in bundle.roles.items()})
+        self.directory = Directory(ttl, self.remote.on_up, self._down)
+        self.processes: dict[tuple[str, int], Process] = {}
+        self.source = None
+        self.ticker: asyncio.Task | None = None
+        self.stopping = False
+        self.restarted = 0
+        self.failed_start: asyncio.Future | None = None
+
+    # ── what the runtime asks of a binder ──
+
+    def binding(self, spec, globals_: dict, log_: logging.Logger) -> RemoteBinding:
+        return RemoteBinding(spec, self.remote, globals_, log_)
+
+    def generator(self, role: str, interface: str) -> bool:
+        return interface in self.remote.generators.get(role, frozenset())
+
+    # ── start and stop ──
+
+    async def start(self) -> None:
+        self.directory_path = private_dir()
+        expected = [(name, i) for name, spec in sorted(self.bundle.roles.items()) for i in range(spec.replicas)]
+        self.registry_endpoint = ipc_endpoint(self.directory_path, "registry")
+        self.failed_start = asyncio.get_running_loop().create_future()
+        try:
+            self.source = await open_source(
+                self.registry, self.context, self.registry_endpoint, self.deployment, expected, self.directory
+            )
+            self.source.start()
+            self.ticker = asyncio.ensure_future(self._tick())
+            for role, replica in expected:
+                self.processes[(role, replica)] = process = Process(role, replica)
+                await self._spawn(process)
+            await self._wait_all_up(expected)
+            self.failed_start = None  # from now on an exit is a restart, not a failed start
+        except BaseException:
+            await self.close()
+            raise
+        for path in self.bundle.python_path:  # frames may hold instances of the roles' own classes
+            if str(path) not in sys.path:
+                sys.path.insert(0, str(path))
+
+    async def _wait_all_up(self, expected: list[tuple[str, int]]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not all(key in self.remote.links for key in expected):
+            self.remote.up_event.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = [f"replica {r} of role `{role}`" for role, r in expected if (role, r) not in self.remote.links]
+                raise DeployError(
+                    f"{', '.join(missing)} did not register within {START_TIMEOUT:g}s; "
+                    "check their setup() (is it waiting on something?) and the log above"
+                )
+            up = asyncio.ensure_future(self.remote.up_event.wait())
+            done, _ = await asyncio.wait({up, self.failed_start}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            up.cancel()
+            if self.failed_start in done:
+                raise DeployError(self.failed_start.result())
+
+    def _config(self, process: Process) -> str:
+        assert self.directory_path is not None
+        return json.dumps(
+            {
+                "bundle": str(self.bundle.path.resolve()),
+                "role": process.role,
+                "replica": process.replica,
+                "address": ipc_endpoint(self.directory_path, f"{process.role}-{process.replica}"),
+                "registry": self.registry,
+                "registry_endpoint": self.registry_endpoint,
+                "deployment": self.deployment,
+                "ttl": self.ttl,
+                "parent": os.getpid(),
+                "debug": self.debug,
+                "sys_path": [p for p in sys.path if p],
+            }
+        )
+
+    async def _spawn(self, process: Process) -> None:
+        process.last_error = ""
+        process.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "flowrt.deploy.worker",
+            self._config(process),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        process.started += 1
+        process.relay = asyncio.ensure_future(self._relay(process, process.proc))
+        process.watcher = asyncio.ensure_future(self._watch(process, process.proc))
+
+    async def _relay(self, process: Process, proc: asyncio.subprocess.Process) -> None:
+        """The replica's stderr on ours, line by line; its last `flowrt:` line is kept."""
+        assert proc.stderr is not None
+        while True:
+            line = await proc.stderr.readline()
+            if not line:
+                return
+            text = line.decode(errors="replace")
+            if text.startswith("flowrt: "):
+                process.last_error = text[len("flowrt: ") :].strip()
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+    async def _watch(self, process: Process, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if process.relay is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await process.relay
+        if self.stopping:
+            return
+        from flowrt.deploy.worker import STARTUP_FAILED
+
+        record = self.directory.drop(process.role, process.replica, None, exit_text(code))
+        starting = self.failed_start is not None and not self.failed_start.done()
+        if starting and code == STARTUP_FAILED and process.last_error:
+            self.failed_start.set_result(process.last_error)
+            return
+        if record is None and self.failed_start is not None and not self.failed_start.done():
+            self.failed_start.set_result(
+                f"replica {process.replica} of role `{process.role}` exited while starting ({exit_text(code)}); see the log above"
+            )
+            return
+        await self._restart(process)
+
+    async def _restart(self, process: Process) -> None:
+        now = time.monotonic()
+        process.restarts = [t for t in process.restarts if t > now - RESTART_WINDOW]
+        if len(process.restarts) >= MAX_RESTARTS:
+            log.error(
+                "replica %d of role `%s` failed %d times in %gs; not restarting it (calls use the other replicas)",
+                process.replica, process.role, MAX_RESTARTS, RESTART_WINDOW,
+            )
+            return
+        backoff = min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** len(process.restarts))
+        process.restarts.append(now)
+        log.warning("restarting replica %d of role `%s` in %gs", process.replica, process.role, backoff)
+        await asyncio.sleep(backoff)
+        if not self.stopping:
+            self.restarted += 1
+            await self._spawn(process)
+
+    def _down(self, record: Record, reason: str) -> None:
+        """The registry dropped a replica: its calls fail now; a process that lapsed is killed
+        (its watcher restarts it)."""
+        self.remote.on_down(record, reason)
+        process = self.processes.get((record.role, record.replica))
+        if process is not None and process.proc is not None and process.proc.returncode is None and "lapsed" in reason:
+            with contextlib.suppress(ProcessLookupError):
+                process.proc.kill()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                await self.source.poll()
+            except Exception:  # noqa: BLE001 - the registry's trouble is logged by it; keep ticking
+                log.debug("registry poll failed", exc_info=True)
+
+    async def close(self) -> None:
+        self.stopping = True
+        if self.ticker is not None:
+            self.ticker.cancel()
+        procs = [p for p in self.processes.values() if p.proc is not None and p.proc.returncode is None]
+        from flowrt.transport import messages as m
+
+        for link in list(self.remote.links.values()):
+            with contextlib.suppress(zmq.ZMQError):
+                link.send(m.Stop(m.VERSION))
+        await self._reap(procs, None)
+        await self._reap(procs, signal.SIGTERM)
+        await self._reap(procs, signal.SIGKILL)
+        for process in self.processes.values():
+            for task in (process.watcher, process.relay):
+                if task is not None and not task.done():
+                    task.cancel()
+        self.remote.close()
+        if self.source is not None:
+            with contextlib.suppress(Exception):
+                await self.source.close()
+        self.context.destroy(linger=0)
+        if self.directory_path is not None:
+            remove_dir(self.directory_path)
+
+    async def _reap(self, procs: list[Process], signum: int | None) -> None:
+        alive = [p.proc for p in procs if p.proc is not None and p.proc.returncode is None]
+        if not alive:
+            return
+        if signum is not None:
+            for proc in alive:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signum)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STOP_GRACE):
+                await asyncio.gather(*(proc.wait() for proc in alive))
+
+    def pids(self) -> dict[str, int]:
+        return {
+            f"{p.role}/{p.replica}": p.proc.pid
+            for p in self.processes.values()
+            if p.proc is not None and p.proc.returncode is None
+        }

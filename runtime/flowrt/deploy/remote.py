@@ -1,0 +1,374 @@
+"""The gateway's side of replicas in other processes: links to them, and role bindings whose
+activations run there.
+
+The control core runs every call in the gateway, unchanged; what differs is `RemoteBinding`,
+which starts an activation by sending it to a replica chosen among those up (`lb`), and gives
+the core a stand-in with the role method's own shape: an async generator whose frames arrive
+from the replica, or a coroutine that returns its frame. A failure there (the role raised, its
+frame broke the contract, its process went away) raises `RemoteFailure` with the message and
+the place as the embedded runtime words them, so a call's events do not depend on where its
+roles ran. `Remote` owns one DEALER socket per replica incarnation the registry reported up,
+and ends every activation waiting on one that goes down with an error naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import zlib
+from collections import OrderedDict, deque
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from flowrt.control.contract import RemoteFailure
+from flowrt.control.roles import RoleBinding
+from flowrt.registry import Record
+from flowrt.registry.directory import TOKENS_PER_ACTIVATION
+from flowrt.transport import codec
+from flowrt.transport import messages as m
+from flowrt.transport.messages import VERSION
+
+BROADCAST = -2  # as flowrt.control.roles.BROADCAST (a C constant in the compiled core)
+WINDOW = 64  # as flowrt.deploy.worker: frames a replica may send ahead; credit goes back per half window
+ACK_WAIT = 1.0  # seconds a cancelled activation waits for its replica to say where it stood
+STICKY_SESSIONS = 65_536  # `lb session`: at most this many sessions remember their replica
+log = logging.getLogger("flowrt.deploy")
+
+
+class Pending:
+    """One activation running on a replica, as the gateway sees it."""
+
+    __slots__ = ("act", "link", "frames", "outcome", "waiter", "taken", "uses")
+
+    def __init__(self, act: int, link: Link, uses: dict | None):
+        self.act = act
+        self.link = link
+        self.frames: deque = deque()
+        self.outcome: tuple | None = None  # ("return", frame, changes) | ("failed", message, where, changes) | ("cancelled", where)
+        self.waiter: asyncio.Future | None = None
+        self.taken = 0
+        self.uses = uses
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class Link:
+    """The gateway's socket to one incarnation of one replica."""
+
+    def __init__(self, remote: Remote, record: Record):
+        self.record = record
+        self.socket = remote.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.connect(record.address)
+        self.pending: dict[int, Pending] = {}
+        self.up = True
+        self.reader = asyncio.ensure_future(remote.read(self))
+
+    def send(self, envelope: m.Message, payload: list | None = None) -> None:
+        # through the asyncio socket, never a plain shadow of it: ZMQ signals readiness by edges,
+        # and a send it did not see could swallow the edge that its reader waits for
+        if payload is None:
+            self.socket.send(m.encode(envelope), zmq.NOBLOCK)
+        else:
+            self.socket.send_multipart([m.encode(envelope), *payload], zmq.NOBLOCK, copy=False)
+
+    def close(self) -> None:
+        self.up = False
+        self.reader.cancel()
+        self.socket.close(0)
+
+
+class Remote:
+    def __init__(self, context: zmq.asyncio.Context, replicas: dict[str, int]):
+        self.context = context
+        self.replicas = replicas  # role -> how many replicas it declares
+        self.links: dict[tuple[str, int], Link] = {}
+        self.live: dict[str, list[int]] = {role: [] for role in replicas}
+        self.generators: dict[str, frozenset[str]] = {}
+        self.acts = itertools.count(1)
+        self.probes: dict[int, asyncio.Future] = {}
+        self.garbage = 0
+        self.downs: dict[str, int] = {}
+        self.up_event = asyncio.Event()  # set whenever a replica comes up (tests and start-up wait on it)
+
+    # ── the registry's events ──
+
+    def on_up(self, record: Record) -> None:
+        key = (record.role, record.replica)
+        if record.role not in self.replicas or not 0 <= record.replica < self.replicas[record.role]:
+            log.warning("registry: ignored replica %d of role `%s`, which this bundle does not have", record.replica, record.role)
+            return
+        old = self.links.pop(key, None)
+        if old is not None:
+            self._fail_link(old, "was replaced by a new process")
+        self.links[key] = Link(self, record)
+        self.generators[record.role] = record.generators
+        self.live[record.role] = sorted(r for (role, r) in self.links if role == record.role)
+        self.up_event.set()
+
+    def on_down(self, record: Record, reason: str) -> None:
+        key = (record.role, record.replica)
+        link = self.links.get(key)
+        if link is None or link.record.incarnation != record.incarnation:
+            return
+        del self.links[key]
+        self.live[record.role] = sorted(r for (role, r) in self.links if role == record.role)
+        self.downs[record.role] = self.downs.get(record.role, 0) + 1
+        log.warning("replica %d of role `%s` is down: %s", record.replica, record.role, reason)
+        self._fail_link(link, reason)
+
+    def _fail_link(self, link: Link, reason: str) -> None:
+        link.close()
+        message = f"replica {link.record.replica} of role `{link.record.role}` went away: {reason}"
+        for pending in list(link.pending.values()):
+            if pending.outcome is None or pending.outcome[0] != "return":
+                pending.outcome = ("failed", message, "", None)
+            pending.wake()
+        link.pending.clear()
+
+    # ── messages from replicas ──
+
+    async def read(self, link: Link) -> None:
+        sock = link.socket
+        pending_of = link.pending
+        while True:
+            frames = await sock.recv_multipart(copy=False)
+            try:
+                message = m.decode("replica", frames[0].buffer)
+                kind = type(message)
+                if kind is m.Stats:
+                    probe = self.probes.pop(message.token, None)
+                    if probe is not None and not probe.done():
+                        probe.set_result({"running": message.running, "held_globals": message.held_globals})
+                    continue
+                pending = pending_of.get(message.act)
+                if pending is None:
+                    continue  # an activation already ended here (cancelled, or its replica replaced)
+                if kind is m.Frame:
+                    pending.frames.append(codec.loads(frames[1:]))
+                elif kind is m.Return:
+                    frame, changes = codec.loads(frames[1:])
+                    pending.outcome = ("return", frame, changes)
+                elif kind is m.Failed:
+                    _, changes = codec.loads(frames[1:])
+                    pending.outcome = ("failed", message.message, message.where, changes)
+                else:  # Cancelled
+                    pending.outcome = ("cancelled", message.where)
+            except m.Garbage as error:
+                self._garbage(link, str(error))
+                continue
+            except Exception as error:  # noqa: BLE001 - a payload that does not unpickle
+                self._garbage(link, f"a message whose payload cannot be read ({type(error).__name__}: {error})")
+                continue
+            pending.wake()
+
+    def _garbage(self, link: Link, why: str) -> None:
+        self.garbage += 1
+        log.warning("from replica %d of role `%s`: dropped %s", link.record.replica, link.record.role, why)
+
+    # ── activations ──
+
+    def link(self, role: str, replica: int) -> Link:
+        link = self.links.get((role, replica))
+        if link is None:
+            raise RemoteFailure(f"replica {replica} of role `{role}` is not up")
+        return link
+
+    def _start(self, link: Link, start: m.Start, inputs: dict, uses: dict | None) -> Pending:
+        pending = Pending(start.act, link, uses)
+        try:
+            payload = codec.dumps((inputs, uses) if uses is not None else inputs)
+        except codec.Unpicklable as error:
+            raise RemoteFailure(f"the inputs of `{start.interface}` cannot cross processes: {error}") from None
+        link.pending[start.act] = pending
+        link.send(start, payload)
+        return pending
+
+    async def stream(self, link: Link, start: m.Start, inputs: dict, uses: dict | None):
+        """The stand-in for a streaming role's async generator."""
+        pending = self._start(link, start, inputs, uses)
+        try:
+            frames = pending.frames
+            while True:
+                if frames:
+                    frame = frames.popleft()
+                    pending.taken += 1
+                    if pending.taken >= WINDOW // 2 and link.up:
+                        link.send(m.Credit(VERSION, pending.act, pending.taken))
+                        pending.taken = 0
+                    yield frame
+                    continue
+                if pending.outcome is not None:
+                    _finish(pending)
+                    return
+                pending.waiter = asyncio.get_running_loop().create_future()
+                await pending.waiter
+        except asyncio.CancelledError as error:
+            await self._cancelled(pending, error)
+            raise
+        finally:
+            self._forget(pending)
+
+    async def once(self, link: Link, start: m.Start, inputs: dict, uses: dict | None) -> Any:
+        """The stand-in for a role's coroutine."""
+        pending = self._start(link, start, inputs, uses)
+        try:
+            while pending.outcome is None:
+                pending.waiter = asyncio.get_running_loop().create_future()
+                await pending.waiter
+            return _finish(pending)
+        except asyncio.CancelledError as error:
+            await self._cancelled(pending, error)
+            raise
+        finally:
+            self._forget(pending)
+
+    async def _cancelled(self, pending: Pending, error: BaseException) -> None:
+        """Cancel the activation on its replica and learn where the role stood."""
+        link = pending.link
+        if pending.outcome is not None or not link.up:
+            return
+        link.send(m.Cancel(VERSION, pending.act))
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            async with asyncio.timeout(ACK_WAIT):
+                while pending.outcome is None:
+                    pending.waiter = asyncio.get_running_loop().create_future()
+                    await pending.waiter
+        if pending.outcome is not None and pending.outcome[0] == "cancelled":
+            error.flowrt_where = pending.outcome[1]  # type: ignore[attr-defined] - read by contract.waiting_place
+
+    def _forget(self, pending: Pending) -> None:
+        link = pending.link
+        if link.pending.pop(pending.act, None) is not None and pending.outcome is None and link.up:
+            link.send(m.Cancel(VERSION, pending.act))  # closed early (the call ended): stop it there
+
+    # ── statistics ──
+
+    async def probe(self, timeout: float = 2.0) -> dict[str, dict[str, int]]:
+        """Each replica process's own statistics (what runs there now)."""
+        answers = {}
+        for (role, replica), link in sorted(self.links.items()):
+            token = next(self.acts)
+            future = self.probes[token] = asyncio.get_running_loop().create_future()
+            link.send(m.Probe(VERSION, token))
+            try:
+                async with asyncio.timeout(timeout):
+                    answers[f"{role}/{replica}"] = await future
+            except TimeoutError:
+                answers[f"{role}/{replica}"] = {"unanswered": 1}
+            finally:
+                self.probes.pop(token, None)
+        return answers
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "replicas_up": len(self.links),
+            "remote_activations": sum(len(link.pending) for link in self.links.values()),
+            "garbage_messages": self.garbage,
+        }
+
+    def close(self) -> None:
+        for link in list(self.links.values()):
+            self._fail_link(link, "the deployment is stopping")
+        self.links.clear()
+
+
+def _finish(pending: Pending) -> Any:
+    """The activation's outcome: its session-globals changes applied, then its frame or its failure."""
+    outcome = pending.outcome
+    assert outcome is not None
+    changes = outcome[2] if outcome[0] == "return" else outcome[3] if outcome[0] == "failed" else None
+    if changes and pending.uses is not None:
+        for name, (changed, deleted) in changes.items():
+            state = pending.uses.get(name)
+            if state is not None:
+                state.update(changed)
+                for key in deleted:
+                    state.pop(key, None)
+    if outcome[0] == "return":
+        return outcome[1]
+    if outcome[0] == "failed":
+        raise RemoteFailure(outcome[1], outcome[2])
+    raise asyncio.CancelledError  # cancelled there, though nobody here asked: end as cancelled
+
+
+class RemoteBinding(RoleBinding):
+    """A role whose replicas run in other processes (see the module's docstring)."""
+
+    def __init__(self, spec: Any, remote: Remote, globals_: dict, log_: logging.Logger):
+        super().__init__(spec, [None] * spec.replicas, globals_, log_)
+        self.remote = remote
+        self.sticky: OrderedDict[str, int] = OrderedDict()
+
+    def replica(self, session: str) -> int:
+        live = self.remote.live[self.name]
+        if not live:
+            raise RemoteFailure(f"no replica of role `{self.name}` is up (they are starting or restarting)")
+        if len(live) == 1:
+            return live[0]
+        lb = self.lb
+        if lb == "session":
+            sticky = self.sticky
+            chosen = sticky.get(session)
+            if chosen is None or chosen not in live:  # new, or its replica died: moves only then
+                home = zlib.crc32(session.encode()) % self.count
+                chosen = home if home in live else live[zlib.crc32(session.encode()) % len(live)]
+                sticky[session] = chosen
+                if len(sticky) > STICKY_SESSIONS:
+                    sticky.popitem(last=False)
+            else:
+                sticky.move_to_end(session)
+            return chosen
+        if lb == "load_aware":
+            return min(live, key=self._score)
+        index = live[self.rr % len(live)]
+        self.rr += 1
+        return index
+
+    def _score(self, replica: int) -> float:
+        """`load_aware`'s score (docs/deploy.md): what this gateway has running there, or what
+        the replica's heartbeat reported queued and running if more (other gateways' work),
+        plus its tokens in flight."""
+        record = self.remote.links[(self.name, replica)].record
+        return max(self.load[replica], record.queued + record.running) + record.tokens / TOKENS_PER_ACTIVATION
+
+    def begin(self, node: Any, session: str, call_id: Any, graph: str, inputs: dict) -> tuple:
+        uses = {name: self.globals[(session, name)] for name in self.uses} if self.uses else None
+        if not self.broadcast:
+            replica = self.replica(session)
+            result = self._result(replica, node.method, call_id, session, graph, inputs, uses)
+            self.load[replica] += 1
+            return replica, result, ()
+        live = self.remote.live[self.name]
+        if not live:
+            raise RemoteFailure(f"no replica of role `{self.name}` is up (they are starting or restarting)")
+        results = [self._result(r, node.method, call_id, session, graph, inputs, uses) for r in live]
+        return BROADCAST, results[0], tuple(results[1:])
+
+    def _result(self, replica: int, method: str, call_id: Any, session: str, graph: str, inputs: dict, uses: dict | None):
+        remote = self.remote
+        link = remote.link(self.name, replica)
+        start = m.Start(VERSION, next(remote.acts), call_id, session, graph, method, uses is not None)
+        if method in link.record.generators:
+            return remote.stream(link, start, inputs, uses)
+        return remote.once(link, start, inputs, uses)
+
+    def finished(self, replica: int, extras: tuple) -> None:
+        if replica >= 0:
+            self.load[replica] -= 1
+        for extra in extras:
+            if hasattr(extra, "aclose"):
+                continue  # an async generator never started holds nothing
+            if extra.cr_frame is not None and not extra.cr_running:
+                extra.close()

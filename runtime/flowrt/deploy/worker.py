@@ -1,0 +1,334 @@
+"""One replica of one role in a process of its own: `python -m flowrt.deploy.worker CONFIG`.
+
+It opens the bundle, imports and constructs its role's class, runs `setup`, binds a ROUTER
+socket, registers, and serves activations the gateway starts: each runs as a task; a streamed
+frame goes back as soon as it is yielded (at most WINDOW frames ahead of what the gateway has
+taken); the end carries the changes the role made to its session globals. The role's frames
+are checked against its interface here, with the embedded runtime's own checks, so a broken
+contract is reported with the same message and place. Garbage on the socket is logged and
+dropped. The process exits when its parent goes away (so a killed supervisor leaves no
+orphans), on `Stop`, or on SIGTERM.
+
+Exit status 3 means the replica could not start; its last stderr line says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import inspect
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+import uuid
+from pathlib import Path
+from types import AsyncGeneratorType
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from flowrt.bundle import load_bundle
+from flowrt.control import impls
+from flowrt.control.contract import checked_frame, failure, second_frame, waiting_place
+from flowrt.control.program import GraphProgram
+from flowrt.control.roles import Context
+from flowrt.errors import FlowrtError
+from flowrt.registry import open_client
+from flowrt.tables import node_tables
+from flowrt.transport import codec
+from flowrt.transport import messages as m
+from flowrt.transport.sockets import bind
+
+WINDOW = 64  # frames of one stream a replica may send before the gateway takes some
+STARTUP_FAILED = 3
+log = logging.getLogger("flowrt.worker")
+
+
+class Interface:
+    """What the replica checks a frame of one (graph, interface) against."""
+
+    __slots__ = ("node_id", "out_fields", "stream")
+
+    def __init__(self, node_id: str, out_fields: frozenset, stream: bool):
+        self.node_id, self.out_fields, self.stream = node_id, out_fields, stream
+
+
+class Replica:
+    def __init__(self, config: dict):
+        self.config = config
+        self.role_name: str = config["role"]
+        self.index: int = config["replica"]
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.bundle = load_bundle(Path(config["bundle"]))
+        self.python_path = self.bundle.python_path
+        self.spec = self.bundle.roles[self.role_name]
+        self.interfaces: dict[tuple[str, str], Interface] = {}
+        for graph, plan in self.bundle.plan["graphs"].items():
+            program = GraphProgram(graph, plan, {nid: node_tables(node) for nid, node in plan["nodes"].items()})
+            for node in program.nodes:
+                if node.interface and node.role == self.role_name:
+                    self.interfaces[(graph, node.method)] = Interface(node.id, node.out_fields, bool(node.stream))
+        self.instance: Any = None
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.credits: dict[int, int] = {}
+        self.credit_waiters: dict[int, asyncio.Future] = {}
+        self.cancelled: set[int] = set()
+        self.queued = 0
+        self.tokens = 0
+        self.garbage = 0
+        self.context = zmq.asyncio.Context()
+        self.socket: zmq.asyncio.Socket | None = None
+        self.stopping = asyncio.Event()
+
+    async def open(self) -> None:
+        cls = impls.import_impl(self.spec, self.python_path, self.bundle.path)
+        self.instance = impls.construct(self.spec, cls, self.python_path, count=1)[0]
+        impls.check_instance(self.spec, self.instance)
+        setup = getattr(self.instance, "setup", None)
+        if setup is not None:
+            ctx = Context("", 0, "", self.role_name, "setup", {}, logging.getLogger(f"flowrt.{self.bundle.name}"), self.index)
+            try:
+                await setup(ctx)
+            except Exception as error:  # noqa: BLE001 - the user's setup: one clear line
+                message, where = failure(error, None, self.python_path)
+                raise FlowrtError(
+                    f"role `{self.role_name}`: setup() of replica {self.index} raised {message}"
+                    + (f" at {where}" if where else "")
+                    + "; fix setup (it runs once per replica when the deployment starts)"
+                ) from None
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.address = bind(self.socket, self.config["address"])
+        self.generators = sorted(
+            name for name in self.spec.interfaces if inspect.isasyncgenfunction(getattr(self.instance, name, None))
+        )
+
+    def register(self) -> m.Register:
+        return m.Register(
+            m.VERSION, self.role_name, self.index, self.incarnation, self.address, os.getpid(), self.generators
+        )
+
+    def heartbeat(self) -> m.Heartbeat:
+        running = len(self.tasks)
+        return m.Heartbeat(m.VERSION, self.role_name, self.index, self.incarnation, running, self.queued, self.tokens)
+
+    async def heartbeats(self) -> None:
+        client = await open_client(
+            self.config.get("registry"), self.context, self.config["registry_endpoint"], self.config["deployment"], self.config["ttl"]
+        )
+        parent = self.config.get("parent")
+        try:
+            register = self.register()
+            interval = self.config["ttl"] / 3
+            while not self.stopping.is_set():
+                await client.beat(register, self.heartbeat())
+                if parent and os.getppid() != parent:
+                    log.warning("replica %d of role `%s`: its supervisor is gone; stopping", self.index, self.role_name)
+                    self.stopping.set()
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), interval)
+        finally:
+            await client.close()
+
+    async def serve(self) -> None:
+        assert self.socket is not None
+        sock = self.socket
+        reader = asyncio.ensure_future(self._read(sock))
+        beats = asyncio.ensure_future(self.heartbeats())
+        await self.stopping.wait()
+        reader.cancel()
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(reader, beats, *self.tasks.values(), return_exceptions=True)
+        sock.close(0)
+        self.context.term()
+
+    async def _read(self, sock: zmq.asyncio.Socket) -> None:
+        while True:
+            frames = await sock.recv_multipart(copy=False)
+            if len(frames) < 2:
+                self._garbage("a message without an envelope")
+                continue
+            peer = frames[0].bytes
+            try:
+                message = m.decode("gateway", frames[1].buffer)
+            except m.Garbage as error:
+                self._garbage(str(error))
+                continue
+            kind = type(message)
+            if kind is m.Start:
+                try:
+                    payload = codec.loads(frames[2:])
+                    inputs, uses = payload if message.uses else (payload, None)
+                    if not isinstance(inputs, dict) or (uses is not None and not isinstance(uses, dict)):
+                        raise TypeError("inputs must be a dict")
+                except Exception as error:  # noqa: BLE001 - a payload that does not unpickle is garbage
+                    self._garbage(f"a start whose payload cannot be read ({type(error).__name__}: {error})")
+                    continue
+                self.credits[message.act] = WINDOW
+                self.tasks[message.act] = asyncio.ensure_future(self._activation(sock, peer, message, inputs, uses))
+            elif kind is m.Credit:
+                self.credits[message.act] = self.credits.get(message.act, 0) + message.frames
+                waiter = self.credit_waiters.pop(message.act, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+            elif kind is m.Cancel:
+                task = self.tasks.get(message.act)
+                if task is not None:
+                    self.cancelled.add(message.act)
+                    task.cancel()
+            elif kind is m.Probe:
+                stats = m.Stats(m.VERSION, message.token, len(self.tasks), 0)
+                await sock.send_multipart([peer, m.encode(stats)])
+            elif kind is m.Stop:
+                self.stopping.set()
+
+    def _garbage(self, why: str) -> None:
+        self.garbage += 1
+        log.warning("replica %d of role `%s`: dropped %s", self.index, self.role_name, why)
+
+    async def _activation(self, sock, peer: bytes, start: m.Start, inputs: dict, uses: dict | None) -> None:
+        act = start.act
+        interface = self.interfaces.get((start.graph, start.interface))
+        result: Any = None
+        before = _snapshot(uses)
+        try:
+            if interface is None:
+                raise LookupError(f"role `{self.role_name}` has no interface `{start.interface}` in graph `{start.graph}`")
+            method = getattr(self.instance, start.interface)
+            ctx = Context(
+                start.session, start.call_id, start.graph, self.role_name, start.interface, uses or {}, _role_log(self), self.index
+            )
+            result = method(ctx, **inputs)
+            if type(result) is AsyncGeneratorType:
+                sent = 0
+                async for frame in result:
+                    if type(frame) is not dict or not frame.keys() <= interface.out_fields:
+                        frame = checked_frame(frame, interface.node_id, interface.out_fields)
+                    if sent and not interface.stream:
+                        raise second_frame(interface.node_id)
+                    while self.credits.get(act, 0) <= 0:
+                        waiter = self.credit_waiters[act] = asyncio.get_running_loop().create_future()
+                        await waiter
+                    self.credits[act] -= 1
+                    await _send(sock, peer, m.Frame(m.VERSION, act), frame)
+                    sent += 1
+                changes = _changes(before, uses)
+                await _send(sock, peer, m.Return(m.VERSION, act, False, changes is not None), (None, changes))
+            else:
+                frame = await result
+                if frame is not None and (type(frame) is not dict or not frame.keys() <= interface.out_fields):
+                    frame = checked_frame(frame, interface.node_id, interface.out_fields)
+                changes = _changes(before, uses)
+                await _send(sock, peer, m.Return(m.VERSION, act, frame is not None, changes is not None), (frame, changes))
+        except asyncio.CancelledError as error:
+            if act in self.cancelled:
+                where = waiting_place(error, result, self.python_path)
+                with contextlib.suppress(Exception):
+                    await sock.send_multipart([peer, m.encode(m.Cancelled(m.VERSION, act, where))])
+            else:
+                await self._failed(sock, peer, act, error, result, before, uses)
+        except BaseException as error:  # noqa: BLE001 - even SystemExit from a role fails its activation, not the process
+            await self._failed(sock, peer, act, error, result, before, uses)
+        finally:
+            self.tasks.pop(act, None)
+            self.credits.pop(act, None)
+            self.credit_waiters.pop(act, None)
+            self.cancelled.discard(act)
+
+    async def _failed(self, sock, peer: bytes, act: int, error: BaseException, result: Any, before, uses) -> None:
+        if isinstance(error, codec.Unpicklable):
+            message, where = f"a frame cannot cross processes: {error}", ""
+        else:
+            message, where = failure(error, result, self.python_path)
+        log.debug("replica %d of role `%s`: activation %d failed", self.index, self.role_name, act, exc_info=error)
+        changes = _changes(before, uses)
+        with contextlib.suppress(Exception):
+            await _send(sock, peer, m.Failed(m.VERSION, act, message, where, False, changes is not None), (None, changes))
+
+
+async def _send(sock, peer: bytes, envelope: m.Message, payload: Any) -> None:
+    await sock.send_multipart([peer, m.encode(envelope), *codec.dumps(payload)], copy=False)
+
+
+def _role_log(replica: Replica) -> logging.Logger:
+    return logging.getLogger(f"flowrt.{replica.bundle.name}")
+
+
+def _snapshot(uses: dict | None) -> dict | None:
+    """Each global's entries as pickles, to find what an activation changed."""
+    if not uses:
+        return None
+    return {name: {key: _fingerprint(value) for key, value in state.items()} for name, state in uses.items()}
+
+
+def _changes(before: dict | None, uses: dict | None) -> dict | None:
+    """{global: (entries set or changed, keys deleted)} for the gateway to apply, or None."""
+    if before is None or uses is None:
+        return None
+    changes = {}
+    for name, state in uses.items():
+        old = before.get(name, {})
+        changed = {key: value for key, value in state.items() if old.get(key) != _fingerprint(value)}
+        deleted = [key for key in old if key not in state]
+        if changed or deleted:
+            changes[name] = (changed, deleted)
+    return changes or None
+
+
+def _fingerprint(value: Any) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=5)
+    except Exception:  # noqa: BLE001 - unpicklable: always counts as changed (and fails to send, clearly)
+        return b""
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans even if the
+    supervisor is killed with -9); elsewhere the heartbeat loop's parent check does it."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+async def amain(config: dict) -> int:
+    replica = Replica(config)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, replica.stopping.set)
+    try:
+        await replica.open()
+    except FlowrtError as error:
+        print(f"flowrt: {error}", file=sys.stderr, flush=True)
+        return STARTUP_FAILED
+    except zmq.ZMQError as error:
+        print(f"flowrt: replica {replica.index} of role `{replica.role_name}` cannot listen on {config['address']}: {error}", file=sys.stderr, flush=True)
+        return STARTUP_FAILED
+    await replica.serve()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    config = json.loads(argv[0])
+    if config.get("parent") and os.getppid() != config["parent"]:
+        return STARTUP_FAILED  # the supervisor died before this process started
+    _die_with_parent()
+    from flowrt.logs import show_log
+
+    show_log(debug=bool(config.get("debug")))
+    for entry in reversed(config.get("sys_path", [])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    return asyncio.run(amain(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

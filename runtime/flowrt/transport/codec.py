@@ -1,0 +1,51 @@
+"""Payloads: the Python values a message carries (a role's inputs, a frame, session globals).
+
+A payload is pickled with protocol 5; buffers that support out-of-band pickling (numpy arrays,
+torch tensors' storage, bytearrays, PickleBuffers) are not copied into the pickle but travel as
+ZMQ frames of their own after it, and are unpickled over the received frames' memory. Why
+pickle and not msgpack: frames hold arbitrary Python values (tuples stay tuples, user classes
+survive), which is what the embedded runtime passes by reference; msgspec carries the typed
+envelope. docs/deploy.md, "Wire format", has the measurements behind the choice.
+
+Pickle runs code when it loads: peers must be trusted. ipc sockets live in a 0700 directory
+(flowrt.transport.sockets); tcp endpoints belong on a private network.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+INLINE_LIMIT = 64 * 1024  # buffers smaller than this are copied into the pickle (a frame costs more)
+
+
+class Unpicklable(Exception):
+    """A value that cannot cross processes (a lock, an open file, a generator...)."""
+
+
+def dumps(value: Any) -> list[Any]:
+    """`value` as ZMQ frames: the pickle, then its large buffers (not copied)."""
+    buffers: list[pickle.PickleBuffer] = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes < INLINE_LIMIT:
+            return True  # pickle it in band
+        buffers.append(buffer)
+        return False
+
+    try:
+        data = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
+    except Exception as error:  # noqa: BLE001 - any value's __reduce__ may raise anything
+        raise Unpicklable(f"{type(error).__name__}: {error}") from None
+    return [data, *(b.raw() for b in buffers)]
+
+
+def loads(frames: list[Any]) -> Any:
+    """The value `dumps` made, over the received frames (bytes or zmq.Frame)."""
+    first, rest = frames[0], frames[1:]
+    return pickle.loads(_view(first), buffers=[_view(f) for f in rest])
+
+
+def _view(frame: Any) -> Any:
+    buffer = getattr(frame, "buffer", None)  # a zmq.Frame received with copy=False
+    return buffer if buffer is not None else frame

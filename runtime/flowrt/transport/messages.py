@@ -1,0 +1,142 @@
+"""The messages between a gateway (where calls run) and a replica process, and the registry's.
+
+Every message is a msgspec struct in a tagged union with a protocol version, encoded as
+MessagePack; its payload (role inputs, frames, session globals) travels beside it as pickled
+ZMQ frames (flowrt.transport.codec). `decode` validates a message at the edge: anything that is
+not a known message of this version is `Garbage`, which the receiver logs and drops.
+
+Gateway → replica: `Start` an activation, `Credit` (the gateway took frames of a stream),
+`Cancel` one, `Probe` (statistics), `Stop` the process.
+Replica → gateway: `Frame` (one yielded frame), `Return` (the activation's end, with its
+returned frame if any, and its session-globals changes), `Failed` (the role raised or broke
+its contract: the message and the place as the embedded runtime words them), `Cancelled`
+(where the role was when cancelled), `Stats` (the answer to `Probe`).
+Replica → registry: `Register` then `Heartbeat` every interval (its load).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+VERSION = 1
+
+
+class Message(msgspec.Struct, tag_field="t", array_like=True, omit_defaults=False):
+    """Base of every message: the protocol version rides on each one."""
+
+    v: int
+
+
+# ── gateway → replica ──
+
+
+class Start(Message, tag="start"):
+    act: int  # the activation's id, unique in the gateway
+    call_id: int
+    session: str
+    graph: str
+    interface: str
+    uses: bool  # the payload carries the role's session globals after the inputs
+
+
+class Credit(Message, tag="credit"):
+    act: int
+    frames: int  # how many more frames the replica may send before waiting
+
+
+class Cancel(Message, tag="cancel"):
+    act: int
+
+
+class Probe(Message, tag="probe"):
+    token: int
+
+
+class Stop(Message, tag="stop"):
+    pass
+
+
+# ── replica → gateway ──
+
+
+class Frame(Message, tag="frame"):
+    act: int
+
+
+class Return(Message, tag="return"):
+    act: int
+    has_frame: bool  # the payload carries the returned frame (then the globals' changes, if any)
+    globals_changed: bool
+
+
+class Failed(Message, tag="failed"):
+    act: int
+    message: str
+    where: str
+    cancelled: bool  # the role was cancelled (a timeout) and this says where it waited
+    globals_changed: bool
+
+
+class Cancelled(Message, tag="cancelled"):
+    act: int
+    where: str
+
+
+class Stats(Message, tag="stats"):
+    token: int
+    running: int
+    held_globals: int
+
+
+# ── replica → registry ──
+
+
+class Register(Message, tag="register"):
+    role: str
+    replica: int
+    incarnation: str  # unique per process start: a restarted replica is a new incarnation
+    address: str
+    pid: int
+    generators: list[str]  # the interfaces implemented as async generators
+
+
+class Heartbeat(Message, tag="heartbeat"):
+    role: str
+    replica: int
+    incarnation: str
+    running: int  # activations running now
+    queued: int  # activations received, not started yet
+    tokens: int  # tokens in flight, as roles report them (ctx.report_tokens)
+
+
+GatewayMessage = Start | Credit | Cancel | Probe | Stop
+ReplicaMessage = Frame | Return | Failed | Cancelled | Stats
+RegistryMessage = Register | Heartbeat
+
+
+class Garbage(Exception):
+    """Bytes that are not a message of this protocol version."""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders = {
+    "gateway": msgspec.msgpack.Decoder(GatewayMessage),
+    "replica": msgspec.msgpack.Decoder(ReplicaMessage),
+    "registry": msgspec.msgpack.Decoder(RegistryMessage),
+}
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(kind: str, data: bytes | memoryview) -> Message:
+    """A message of `kind` ("gateway": what a replica receives, "replica": what a gateway
+    receives, "registry"), or Garbage saying why not."""
+    try:
+        message = _decoders[kind].decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise Garbage(f"not a {kind} message ({error})") from None
+    if message.v != VERSION:
+        raise Garbage(f"protocol version {message.v}, this flowrt speaks {VERSION}")
+    return message

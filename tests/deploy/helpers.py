@@ -1,0 +1,80 @@
+"""Deployments of inline .flow programs whose roles live in a module written beside them
+(replica processes import roles by their `impl` path, so they cannot be test-local objects)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import textwrap
+from pathlib import Path
+
+from flowrt.deploy import open_deployment
+from tests.runtime.harness import bundle_of
+
+
+def bundle_with_roles(flow: str, roles: str, directory: Path, module: str = "roles") -> Path:
+    """Write `roles` as `module.py` beside the .flow source, and build the bundle."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{module}.py").write_text(textwrap.dedent(roles))
+    return bundle_of(textwrap.dedent(flow), directory)
+
+
+@contextlib.asynccontextmanager
+async def deployed(bundle: Path, deploy: str = "local", **options):
+    """A running deployment; on exit it is closed and every process it started is gone."""
+    deployment = await open_deployment(bundle, deploy, **options)
+    pids = deployment.supervisor.pids() if deployment.supervisor is not None else {}
+    socket_dir = getattr(deployment.supervisor, "directory_path", None)
+    try:
+        yield deployment
+    finally:
+        pids.update(deployment.supervisor.pids() if deployment.supervisor is not None else {})
+        await deployment.close()
+        for name, pid in pids.items():
+            assert not alive(pid), f"replica process {name} (pid {pid}) outlived its deployment"
+        if socket_dir is not None:
+            assert not socket_dir.exists(), "the deployment's socket directory was left behind"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead: /proc says so
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+async def calls(runtime, graph: str, inputs: dict, **kwargs) -> list[dict]:
+    return [event async for event in runtime.call(graph, inputs, **kwargs)]
+
+
+async def wait_for(condition, seconds: float, what: str) -> None:
+    """Poll `condition()` on the event loop until it holds; fail naming `what` after `seconds`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what}: not within {seconds:g}s")
+        await asyncio.sleep(0.02)
+
+
+async def assert_clean_everywhere(deployment) -> None:
+    """`statistics()` all zero in the gateway and in every replica process."""
+    await deployment.runtime.wait_idle()
+    stats = await deployment.statistics()
+    for key in ("calls", "queued_calls", "busy_replicas", "remote_activations"):
+        assert stats.get(key, 0) == 0, (key, stats)
+    for name, process in stats.get("processes", {}).items():
+        assert process == {"running": 0, "held_globals": 0}, (name, process)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
