@@ -74,7 +74,11 @@ def waiting_place(error: BaseException, result: Any, prefer: list[Path]) -> str:
 
 def log_failure(log: logging.Logger, line: str, error: BaseException) -> None:
     """Log a role's failure with its traceback, even when formatting that runs the role's code
-    again (its `__str__`) and that raises."""
+    again (its `__str__`) and that raises. A failure in another process was logged there: here
+    the line is enough."""
+    if isinstance(error, RemoteFailure):
+        log.warning("%s", line)
+        return
     try:
         log.warning("%s", line, exc_info=error)
     except BaseException:  # noqa: BLE001 - the role's failure is reported, not a second one

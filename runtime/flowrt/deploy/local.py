@@ -170,15 +170,19 @@ class LocalSupervisor:
         process.watcher = asyncio.ensure_future(self._watch(process, process.proc))
 
     async def _relay(self, process: Process, proc: asyncio.subprocess.Process) -> None:
-        """The replica's stderr on ours, line by line; its last `flowrt:` line is kept."""
+        """The replica's stderr on ours, line by line, but for the line saying why it could not
+        start, which is kept (the supervisor reports it once)."""
+        from flowrt.deploy.worker import FAILED_LINE
+
         assert proc.stderr is not None
         while True:
             line = await proc.stderr.readline()
             if not line:
                 return
             text = line.decode(errors="replace")
-            if text.startswith("flowrt: "):
-                process.last_error = text[len("flowrt: ") :].strip()
+            if text.startswith(FAILED_LINE):
+                process.last_error = text[len(FAILED_LINE) :].strip()
+                continue
             sys.stderr.write(text)
             sys.stderr.flush()
 
@@ -193,9 +197,11 @@ class LocalSupervisor:
 
         record = self.directory.drop(process.role, process.replica, None, exit_text(code))
         starting = self.failed_start is not None and not self.failed_start.done()
-        if starting and code == STARTUP_FAILED and process.last_error:
-            self.failed_start.set_result(process.last_error)
-            return
+        if code == STARTUP_FAILED and process.last_error:
+            if starting:
+                self.failed_start.set_result(process.last_error)
+                return
+            log.error("replica %d of role `%s` could not start again: %s", process.replica, process.role, process.last_error)
         if record is None and self.failed_start is not None and not self.failed_start.done():
             self.failed_start.set_result(
                 f"replica {process.replica} of role `{process.role}` exited while starting ({exit_text(code)}); see the log above"
@@ -209,7 +215,10 @@ class LocalSupervisor:
         if len(process.restarts) >= MAX_RESTARTS:
             log.error(
                 "replica %d of role `%s` failed %d times in %gs; not restarting it (calls use the other replicas)",
-                process.replica, process.role, MAX_RESTARTS, RESTART_WINDOW,
+                process.replica,
+                process.role,
+                MAX_RESTARTS,
+                RESTART_WINDOW,
             )
             return
         backoff = min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** len(process.restarts))

@@ -48,7 +48,9 @@ class Pending:
         self.act = act
         self.link = link
         self.frames: deque = deque()
-        self.outcome: tuple | None = None  # ("return", frame, changes) | ("failed", message, where, changes) | ("cancelled", where)
+        self.outcome: tuple | None = (
+            None  # ("return", frame, changes) | ("failed", message, where, changes) | ("cancelled", where)
+        )
         self.waiter: asyncio.Future | None = None
         self.taken = 0
         self.uses = uses

@@ -9,7 +9,7 @@ contract is reported with the same message and place. Garbage on the socket is l
 dropped. The process exits when its parent goes away (so a killed supervisor leaves no
 orphans), on `Stop`, or on SIGTERM.
 
-Exit status 3 means the replica could not start; its last stderr line says why.
+Exit status 3 means the replica could not start; its stderr line starting FAILED_LINE says why.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from flowrt.transport.sockets import bind
 
 WINDOW = 64  # frames of one stream a replica may send before the gateway takes some
 STARTUP_FAILED = 3
+FAILED_LINE = "flowrt-replica-failed: "  # the stderr line saying why it could not start (read by the supervisor)
 log = logging.getLogger("flowrt.worker")
 
 
@@ -110,9 +111,7 @@ class Replica:
         )
 
     def register(self) -> m.Register:
-        return m.Register(
-            m.VERSION, self.role_name, self.index, self.incarnation, self.address, os.getpid(), self.generators
-        )
+        return m.Register(m.VERSION, self.role_name, self.index, self.incarnation, self.address, os.getpid(), self.generators)
 
     def heartbeat(self) -> m.Heartbeat:
         running = len(self.tasks)
@@ -120,7 +119,11 @@ class Replica:
 
     async def heartbeats(self) -> None:
         client = await open_client(
-            self.config.get("registry"), self.context, self.config["registry_endpoint"], self.config["deployment"], self.config["ttl"]
+            self.config.get("registry"),
+            self.context,
+            self.config["registry_endpoint"],
+            self.config["deployment"],
+            self.config["ttl"],
         )
         parent = self.config.get("parent")
         try:
@@ -204,7 +207,14 @@ class Replica:
                 raise LookupError(f"role `{self.role_name}` has no interface `{start.interface}` in graph `{start.graph}`")
             method = getattr(self.instance, start.interface)
             ctx = Context(
-                start.session, start.call_id, start.graph, self.role_name, start.interface, uses or {}, _role_log(self), self.index
+                start.session,
+                start.call_id,
+                start.graph,
+                self.role_name,
+                start.interface,
+                uses or {},
+                _role_log(self),
+                self.index,
             )
             result = method(ctx, **inputs)
             if type(result) is AsyncGeneratorType:
@@ -299,17 +309,22 @@ def _die_with_parent() -> None:
 
 
 async def amain(config: dict) -> int:
-    replica = Replica(config)
+    try:
+        replica = Replica(config)
+    except FlowrtError as error:
+        print(f"{FAILED_LINE}{error}", file=sys.stderr, flush=True)
+        return STARTUP_FAILED
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, replica.stopping.set)
     try:
         await replica.open()
     except FlowrtError as error:
-        print(f"flowrt: {error}", file=sys.stderr, flush=True)
+        print(f"{FAILED_LINE}{error}", file=sys.stderr, flush=True)
         return STARTUP_FAILED
     except zmq.ZMQError as error:
-        print(f"flowrt: replica {replica.index} of role `{replica.role_name}` cannot listen on {config['address']}: {error}", file=sys.stderr, flush=True)
+        where = f"replica {replica.index} of role `{replica.role_name}`"
+        print(f"{FAILED_LINE}{where} cannot listen on {config['address']}: {error}", file=sys.stderr, flush=True)
         return STARTUP_FAILED
     await replica.serve()
     return 0

@@ -70,18 +70,18 @@ async def redis_connection(url: str):
     client = aioredis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
     try:
         await client.ping()
-    except exceptions.AuthenticationError as error:
+    except (exceptions.AuthenticationError, exceptions.AuthenticationWrongNumberOfArgsError, exceptions.ResponseError) as error:
         await client.aclose()
-        raise RegistryError(
-            f"Redis at {shown_url(url)} refused the credentials ({error}); put the right password in the URL: redis://:PASSWORD@HOST:PORT/DB"
-        ) from None
-    except exceptions.ResponseError as error:
-        await client.aclose()
-        if "NOAUTH" in str(error) or "AUTH" in str(error):
+        text = str(error)
+        if urlsplit(url).password is None and ("auth" in text.lower() or isinstance(error, exceptions.AuthenticationError)):
             raise RegistryError(
                 f"Redis at {shown_url(url)} requires a password; give it in the URL: redis://:PASSWORD@HOST:PORT/DB"
             ) from None
-        raise RegistryError(f"Redis at {shown_url(url)} answered: {error}") from None
+        if isinstance(error, exceptions.AuthenticationError) or "WRONGPASS" in text or "invalid password" in text:
+            raise RegistryError(
+                f"Redis at {shown_url(url)} refused the credentials ({text}); put the right password in the URL: redis://:PASSWORD@HOST:PORT/DB"
+            ) from None
+        raise RegistryError(f"Redis at {shown_url(url)} answered: {text}") from None
     except (exceptions.ConnectionError, exceptions.TimeoutError, OSError) as error:
         await client.aclose()
         raise RegistryError(
