@@ -179,7 +179,9 @@ def timed(graph: dict, output: dict, untimed: set, reach: dict) -> bool:
     return not any(n in output["producers"] or any(p in reach[n] for p in output["producers"]) for n in untimed)
 
 
-def check(spec: Spec, seed: int, tmp_path, behaviour=None) -> None:
+def check(spec: Spec, seed: int, tmp_path, behaviour=None, deploy: str = "inproc") -> None:
+    """Run `spec` on flowrt (embedded, or `deploy`ed: flowrt.deploy) and on the reference
+    interpreter, and compare."""
     if spec.ordered is None:  # stream `ordered` about two fields in three (docs/runtime.md, rule 7)
         streamed = sorted({f for outs in spec.outputs for f in outs})
         spec.ordered = tuple(f for f in streamed if zlib.crc32(f"{seed}{f}".encode()) % 3)
@@ -204,7 +206,12 @@ def check(spec: Spec, seed: int, tmp_path, behaviour=None) -> None:
         assert_clean(rt)
         return events, log
 
-    events, log = asyncio.run(flowrt_run())
+    if deploy == "inproc":
+        events, log = asyncio.run(flowrt_run())
+    else:
+        from tests.deploy.reference_roles import run_deployed
+
+        events, log = run_deployed(spec, behaviour, text, seed, tmp_path, deploy)
     event(f"activations: {min(len(log) // 5 * 5, 40)}+")
     event(f"errors: {bool(expected.errors)}")
     event(f"status: {done(events)['status']}")

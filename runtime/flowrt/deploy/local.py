@@ -77,7 +77,7 @@ class LocalSupervisor:
         self.deployment = uuid.uuid4().hex[:12]
         self.directory_path: Path | None = None
         self.context = zmq.asyncio.Context()
-        self.remote = Remote(self.context, {name: spec.replicas for name, spec in bundle.roles.items()})
+        self.remote = Remote({name: spec.replicas for name, spec in bundle.roles.items()})
         self.directory = Directory(ttl, self.remote.on_up, self._down)
         self.processes: dict[tuple[str, int], Process] = {}
         self.source = None

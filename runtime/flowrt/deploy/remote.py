@@ -22,7 +22,6 @@ from collections import OrderedDict, deque
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from flowrt.control.contract import RemoteFailure
 from flowrt.control.roles import RoleBinding
@@ -31,6 +30,7 @@ from flowrt.registry.directory import TOKENS_PER_ACTIVATION
 from flowrt.transport import codec
 from flowrt.transport import messages as m
 from flowrt.transport.messages import VERSION
+from flowrt.transport.sockets import Reader
 
 BROADCAST = -2  # as flowrt.control.roles.BROADCAST (a C constant in the compiled core)
 WINDOW = 64  # as flowrt.deploy.worker: frames a replica may send ahead; credit goes back per half window
@@ -68,32 +68,30 @@ class Link:
 
     def __init__(self, remote: Remote, record: Record):
         self.record = record
-        self.socket = remote.context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.SNDHWM, 0)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.connect(record.address)
+        self.socket = sock = remote.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)  # never refuse a send: what is in flight is bounded by calls and credits
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(record.address)
         self.pending: dict[int, Pending] = {}
         self.up = True
-        self.reader = asyncio.ensure_future(remote.read(self))
+        self.reader = Reader(sock, lambda frames: remote.received(self, frames), asyncio.get_running_loop())
 
     def send(self, envelope: m.Message, payload: list | None = None) -> None:
-        # through the asyncio socket, never a plain shadow of it: ZMQ signals readiness by edges,
-        # and a send it did not see could swallow the edge that its reader waits for
         if payload is None:
             self.socket.send(m.encode(envelope), zmq.NOBLOCK)
         else:
             self.socket.send_multipart([m.encode(envelope), *payload], zmq.NOBLOCK, copy=False)
+        self.reader.kick()
 
     def close(self) -> None:
         self.up = False
-        self.reader.cancel()
-        self.socket.close(0)
+        self.reader.close()
 
 
 class Remote:
-    def __init__(self, context: zmq.asyncio.Context, replicas: dict[str, int]):
-        self.context = context
+    def __init__(self, replicas: dict[str, int]):
+        self.context = zmq.Context()  # plain sockets, read by flowrt.transport.sockets.Reader
         self.replicas = replicas  # role -> how many replicas it declares
         self.links: dict[tuple[str, int], Link] = {}
         self.live: dict[str, list[int]] = {role: [] for role in replicas}
@@ -141,39 +139,36 @@ class Remote:
 
     # ── messages from replicas ──
 
-    async def read(self, link: Link) -> None:
-        sock = link.socket
-        pending_of = link.pending
-        while True:
-            frames = await sock.recv_multipart(copy=False)
-            try:
-                message = m.decode("replica", frames[0].buffer)
-                kind = type(message)
-                if kind is m.Stats:
-                    probe = self.probes.pop(message.token, None)
-                    if probe is not None and not probe.done():
-                        probe.set_result({"running": message.running, "held_globals": message.held_globals})
-                    continue
-                pending = pending_of.get(message.act)
-                if pending is None:
-                    continue  # an activation already ended here (cancelled, or its replica replaced)
-                if kind is m.Frame:
-                    pending.frames.append(codec.loads(frames[1:]))
-                elif kind is m.Return:
-                    frame, changes = codec.loads(frames[1:])
-                    pending.outcome = ("return", frame, changes)
-                elif kind is m.Failed:
-                    _, changes = codec.loads(frames[1:])
-                    pending.outcome = ("failed", message.message, message.where, changes)
-                else:  # Cancelled
-                    pending.outcome = ("cancelled", message.where)
-            except m.Garbage as error:
-                self._garbage(link, str(error))
-                continue
-            except Exception as error:  # noqa: BLE001 - a payload that does not unpickle
-                self._garbage(link, f"a message whose payload cannot be read ({type(error).__name__}: {error})")
-                continue
-            pending.wake()
+    def received(self, link: Link, frames: list) -> None:
+        """A message from a replica (called by the link's Reader)."""
+        try:
+            message = m.decode("replica", frames[0].buffer)
+            kind = type(message)
+            if kind is m.Stats:
+                probe = self.probes.pop(message.token, None)
+                if probe is not None and not probe.done():
+                    probe.set_result({"running": message.running, "held_globals": message.held_globals})
+                return
+            pending = link.pending.get(message.act)
+            if pending is None:
+                return  # an activation already ended here (cancelled, or its replica replaced)
+            if kind is m.Frame:
+                pending.frames.append(codec.loads(frames[1:]))
+            elif kind is m.Return:
+                frame, changes = codec.loads(frames[1:])
+                pending.outcome = ("return", frame, changes)
+            elif kind is m.Failed:
+                _, changes = codec.loads(frames[1:])
+                pending.outcome = ("failed", message.message, message.where, changes)
+            else:  # Cancelled
+                pending.outcome = ("cancelled", message.where)
+        except m.Garbage as error:
+            self._garbage(link, str(error))
+            return
+        except Exception as error:  # noqa: BLE001 - a payload that does not unpickle
+            self._garbage(link, f"a message whose payload cannot be read ({type(error).__name__}: {error})")
+            return
+        pending.wake()
 
     def _garbage(self, link: Link, why: str) -> None:
         self.garbage += 1
@@ -284,6 +279,7 @@ class Remote:
         for link in list(self.links.values()):
             self._fail_link(link, "the deployment is stopping")
         self.links.clear()
+        self.context.destroy(linger=0)
 
 
 def _finish(pending: Pending) -> Any:

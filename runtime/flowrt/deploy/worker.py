@@ -42,7 +42,7 @@ from flowrt.registry import open_client
 from flowrt.tables import node_tables
 from flowrt.transport import codec
 from flowrt.transport import messages as m
-from flowrt.transport.sockets import bind
+from flowrt.transport.sockets import Reader, bind
 
 WINDOW = 64  # frames of one stream a replica may send before the gateway takes some
 STARTUP_FAILED = 3
@@ -82,8 +82,10 @@ class Replica:
         self.queued = 0
         self.tokens = 0
         self.garbage = 0
-        self.context = zmq.asyncio.Context()
-        self.socket: zmq.asyncio.Socket | None = None
+        self.context = zmq.asyncio.Context()  # the registry client's
+        self.plain = zmq.Context()  # the activations' socket, read by flowrt.transport.sockets.Reader
+        self.socket: zmq.Socket | None = None
+        self.reader: Reader | None = None
         self.stopping = asyncio.Event()
 
     async def open(self) -> None:
@@ -102,9 +104,10 @@ class Replica:
                     + (f" at {where}" if where else "")
                     + "; fix setup (it runs once per replica when the deployment starts)"
                 ) from None
-        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket = self.plain.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
         self.address = bind(self.socket, self.config["address"])
         self.generators = sorted(
             name for name in self.spec.interfaces if inspect.isasyncgenfunction(getattr(self.instance, name, None))
@@ -142,62 +145,65 @@ class Replica:
 
     async def serve(self) -> None:
         assert self.socket is not None
-        sock = self.socket
-        reader = asyncio.ensure_future(self._read(sock))
+        self.reader = Reader(self.socket, self._received, asyncio.get_running_loop())
         beats = asyncio.ensure_future(self.heartbeats())
         await self.stopping.wait()
-        reader.cancel()
         for task in list(self.tasks.values()):
             task.cancel()
-        await asyncio.gather(reader, beats, *self.tasks.values(), return_exceptions=True)
-        sock.close(0)
-        self.context.term()
+        await asyncio.gather(beats, *self.tasks.values(), return_exceptions=True)
+        self.reader.close()
+        self.plain.destroy(linger=0)
+        self.context.destroy(linger=0)
 
-    async def _read(self, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            frames = await sock.recv_multipart(copy=False)
-            if len(frames) < 2:
-                self._garbage("a message without an envelope")
-                continue
-            peer = frames[0].bytes
+    def send(self, peer: bytes, envelope: m.Message, payload: Any = None, *, bare: bool = False) -> None:
+        """Send `envelope` (and `payload`, pickled) to the gateway `peer`; codec.Unpicklable if
+        the payload cannot cross processes."""
+        frames = [peer, m.encode(envelope)] if bare else [peer, m.encode(envelope), *codec.dumps(payload)]
+        self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        self.reader.kick()
+
+    def _received(self, frames: list) -> None:
+        if len(frames) < 2:
+            self._garbage("a message without an envelope")
+            return
+        peer = frames[0].bytes
+        try:
+            message = m.decode("gateway", frames[1].buffer)
+        except m.Garbage as error:
+            self._garbage(str(error))
+            return
+        kind = type(message)
+        if kind is m.Start:
             try:
-                message = m.decode("gateway", frames[1].buffer)
-            except m.Garbage as error:
-                self._garbage(str(error))
-                continue
-            kind = type(message)
-            if kind is m.Start:
-                try:
-                    payload = codec.loads(frames[2:])
-                    inputs, uses = payload if message.uses else (payload, None)
-                    if not isinstance(inputs, dict) or (uses is not None and not isinstance(uses, dict)):
-                        raise TypeError("inputs must be a dict")
-                except Exception as error:  # noqa: BLE001 - a payload that does not unpickle is garbage
-                    self._garbage(f"a start whose payload cannot be read ({type(error).__name__}: {error})")
-                    continue
-                self.credits[message.act] = WINDOW
-                self.tasks[message.act] = asyncio.ensure_future(self._activation(sock, peer, message, inputs, uses))
-            elif kind is m.Credit:
-                self.credits[message.act] = self.credits.get(message.act, 0) + message.frames
-                waiter = self.credit_waiters.pop(message.act, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(None)
-            elif kind is m.Cancel:
-                task = self.tasks.get(message.act)
-                if task is not None:
-                    self.cancelled.add(message.act)
-                    task.cancel()
-            elif kind is m.Probe:
-                stats = m.Stats(m.VERSION, message.token, len(self.tasks), 0)
-                await sock.send_multipart([peer, m.encode(stats)])
-            elif kind is m.Stop:
-                self.stopping.set()
+                payload = codec.loads(frames[2:])
+                inputs, uses = payload if message.uses else (payload, None)
+                if not isinstance(inputs, dict) or (uses is not None and not isinstance(uses, dict)):
+                    raise TypeError("inputs must be a dict")
+            except Exception as error:  # noqa: BLE001 - a payload that does not unpickle is garbage
+                self._garbage(f"a start whose payload cannot be read ({type(error).__name__}: {error})")
+                return
+            self.credits[message.act] = WINDOW
+            self.tasks[message.act] = asyncio.ensure_future(self._activation(peer, message, inputs, uses))
+        elif kind is m.Credit:
+            self.credits[message.act] = self.credits.get(message.act, 0) + message.frames
+            waiter = self.credit_waiters.pop(message.act, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        elif kind is m.Cancel:
+            task = self.tasks.get(message.act)
+            if task is not None:
+                self.cancelled.add(message.act)
+                task.cancel()
+        elif kind is m.Probe:
+            self.send(peer, m.Stats(m.VERSION, message.token, len(self.tasks), 0), bare=True)
+        elif kind is m.Stop:
+            self.stopping.set()
 
     def _garbage(self, why: str) -> None:
         self.garbage += 1
         log.warning("replica %d of role `%s`: dropped %s", self.index, self.role_name, why)
 
-    async def _activation(self, sock, peer: bytes, start: m.Start, inputs: dict, uses: dict | None) -> None:
+    async def _activation(self, peer: bytes, start: m.Start, inputs: dict, uses: dict | None) -> None:
         act = start.act
         interface = self.interfaces.get((start.graph, start.interface))
         result: Any = None
@@ -228,44 +234,43 @@ class Replica:
                         waiter = self.credit_waiters[act] = asyncio.get_running_loop().create_future()
                         await waiter
                     self.credits[act] -= 1
-                    await _send(sock, peer, m.Frame(m.VERSION, act), frame)
+                    self.send(peer, m.Frame(m.VERSION, act), frame)
                     sent += 1
                 changes = _changes(before, uses)
-                await _send(sock, peer, m.Return(m.VERSION, act, False, changes is not None), (None, changes))
+                self.send(peer, m.Return(m.VERSION, act, False, changes is not None), (None, changes))
             else:
                 frame = await result
                 if frame is not None and (type(frame) is not dict or not frame.keys() <= interface.out_fields):
                     frame = checked_frame(frame, interface.node_id, interface.out_fields)
                 changes = _changes(before, uses)
-                await _send(sock, peer, m.Return(m.VERSION, act, frame is not None, changes is not None), (frame, changes))
+                self.send(peer, m.Return(m.VERSION, act, frame is not None, changes is not None), (frame, changes))
         except asyncio.CancelledError as error:
             if act in self.cancelled:
                 where = waiting_place(error, result, self.python_path)
-                with contextlib.suppress(Exception):
-                    await sock.send_multipart([peer, m.encode(m.Cancelled(m.VERSION, act, where))])
+                with contextlib.suppress(zmq.ZMQError):
+                    self.send(peer, m.Cancelled(m.VERSION, act, where), bare=True)
             else:
-                await self._failed(sock, peer, act, error, result, before, uses)
+                self._failed(peer, act, error, result, before, uses)
         except BaseException as error:  # noqa: BLE001 - even SystemExit from a role fails its activation, not the process
-            await self._failed(sock, peer, act, error, result, before, uses)
+            self._failed(peer, act, error, result, before, uses)
         finally:
             self.tasks.pop(act, None)
             self.credits.pop(act, None)
             self.credit_waiters.pop(act, None)
             self.cancelled.discard(act)
 
-    async def _failed(self, sock, peer: bytes, act: int, error: BaseException, result: Any, before, uses) -> None:
+    def _failed(self, peer: bytes, act: int, error: BaseException, result: Any, before, uses) -> None:
         if isinstance(error, codec.Unpicklable):
             message, where = f"a frame cannot cross processes: {error}", ""
         else:
             message, where = failure(error, result, self.python_path)
         log.debug("replica %d of role `%s`: activation %d failed", self.index, self.role_name, act, exc_info=error)
         changes = _changes(before, uses)
-        with contextlib.suppress(Exception):
-            await _send(sock, peer, m.Failed(m.VERSION, act, message, where, False, changes is not None), (None, changes))
-
-
-async def _send(sock, peer: bytes, envelope: m.Message, payload: Any) -> None:
-    await sock.send_multipart([peer, m.encode(envelope), *codec.dumps(payload)], copy=False)
+        try:
+            self.send(peer, m.Failed(m.VERSION, act, message, where, False, changes is not None), (None, changes))
+        except codec.Unpicklable as unpicklable:  # the globals it changed cannot travel: say so, lose them
+            message += f" (and its session globals cannot cross processes: {unpicklable})"
+            self.send(peer, m.Failed(m.VERSION, act, message, where, False, False), (None, None))
 
 
 def _role_log(replica: Replica) -> logging.Logger:

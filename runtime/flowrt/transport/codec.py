@@ -23,9 +23,35 @@ class Unpicklable(Exception):
     """A value that cannot cross processes (a lock, an open file, a generator...)."""
 
 
+class _LargeBytes:
+    """A large `bytes` value pickled out of band (pickle keeps `bytes` in band): it loads as
+    `bytes` again, copied once from the received frame."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def __reduce_ex__(self, protocol: int):
+        return bytes, (pickle.PickleBuffer(self.data),)
+
+
+def _outer(value: Any) -> Any:
+    """`value` with its large `bytes` at the top of its dicts (a frame's fields, a role's
+    inputs) marked to travel out of band; one shallow pass, nothing deeper."""
+    if type(value) is dict:
+        if any(type(v) is bytes and len(v) >= INLINE_LIMIT for v in value.values()):
+            return {k: _LargeBytes(v) if type(v) is bytes and len(v) >= INLINE_LIMIT else v for k, v in value.items()}
+        return value
+    if type(value) is tuple:
+        return tuple(_outer(v) for v in value)
+    return value
+
+
 def dumps(value: Any) -> list[Any]:
     """`value` as ZMQ frames: the pickle, then its large buffers (not copied)."""
     buffers: list[pickle.PickleBuffer] = []
+    value = _outer(value)
 
     def out_of_band(buffer: pickle.PickleBuffer) -> bool:
         if buffer.raw().nbytes < INLINE_LIMIT:

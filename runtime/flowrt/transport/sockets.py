@@ -58,3 +58,48 @@ def host_address() -> str:
             return probe.getsockname()[0]
     except OSError:
         return "127.0.0.1"
+
+
+class Reader:
+    """Reads a (plain, non-asyncio) ZMQ socket from the event loop: when its FD signals, every
+    message waiting is handed to `on_message(frames)` at once, with no future or task per
+    message (zmq.asyncio's way costs about twice the round trip here; docs/deploy.md).
+
+    ZMQ signals by edges, and any send may consume the edge that says a message is waiting:
+    after sending on the socket, call `kick()`, which drains on the loop's next turn if so.
+    """
+
+    __slots__ = ("socket", "on_message", "loop", "fd", "scheduled")
+
+    def __init__(self, sock: zmq.Socket, on_message, loop) -> None:
+        self.socket = sock
+        self.on_message = on_message
+        self.loop = loop
+        self.fd = sock.getsockopt(zmq.FD)
+        self.scheduled = False
+        loop.add_reader(self.fd, self.drain)
+        self.kick()
+
+    def drain(self) -> None:
+        self.scheduled = False
+        sock = self.socket
+        if sock.closed:
+            return
+        recv = sock.recv_multipart
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                frames = recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self.on_message(frames)
+            if sock.closed:
+                return
+
+    def kick(self) -> None:
+        if not self.scheduled and not self.socket.closed and self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.scheduled = True
+            self.loop.call_soon(self.drain)
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)
+        self.socket.close(0)
