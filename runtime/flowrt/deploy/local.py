@@ -96,15 +96,25 @@ class LocalSupervisor:
 
     # ── start and stop ──
 
+    def endpoint(self, name: str) -> str:
+        """Where a socket of this deployment listens: ipc in the private directory."""
+        assert self.directory_path is not None
+        return ipc_endpoint(self.directory_path, name)
+
+    def expected(self) -> list[tuple[str, int]]:
+        """Every replica, in the order they start (roles that share an owner's GPUs after it)."""
+        roles = sorted(self.bundle.roles.items(), key=lambda item: (item[1].share_gpus_with is not None, item[0]))
+        return [(name, i) for name, spec in roles for i in range(spec.replicas)]
+
     async def start(self) -> None:
         self.directory_path = private_dir()
-        expected = [(name, i) for name, spec in sorted(self.bundle.roles.items()) for i in range(spec.replicas)]
-        self.registry_endpoint = ipc_endpoint(self.directory_path, "registry")
+        expected = self.expected()
         self.failed_start = asyncio.get_running_loop().create_future()
         try:
             self.source = await open_source(
-                self.registry, self.context, self.registry_endpoint, self.deployment, expected, self.directory
+                self.registry, self.context, self.endpoint("registry"), self.deployment, expected, self.directory
             )
+            self.registry_endpoint = getattr(self.source, "endpoint", "")  # (tcp: the port chosen)
             self.source.start()
             self.ticker = asyncio.ensure_future(self._tick())
             for role, replica in expected:
@@ -137,22 +147,22 @@ class LocalSupervisor:
                 raise DeployError(self.failed_start.result())
 
     def _config(self, process: Process) -> str:
-        assert self.directory_path is not None
-        return json.dumps(
-            {
-                "bundle": str(self.bundle.path.resolve()),
-                "role": process.role,
-                "replica": process.replica,
-                "address": ipc_endpoint(self.directory_path, f"{process.role}-{process.replica}"),
-                "registry": self.registry,
-                "registry_endpoint": self.registry_endpoint,
-                "deployment": self.deployment,
-                "ttl": self.ttl,
-                "parent": os.getpid(),
-                "debug": self.debug,
-                "sys_path": [p for p in sys.path if p],
-            }
-        )
+        return json.dumps(self.config(process))
+
+    def config(self, process: Process) -> dict:
+        return {
+            "bundle": str(self.bundle.path.resolve()),
+            "role": process.role,
+            "replica": process.replica,
+            "address": self.endpoint(f"{process.role}-{process.replica}"),
+            "registry": self.registry,
+            "registry_endpoint": self.registry_endpoint,
+            "deployment": self.deployment,
+            "ttl": self.ttl,
+            "parent": os.getpid(),
+            "debug": self.debug,
+            "sys_path": [p for p in sys.path if p],
+        }
 
     async def _spawn(self, process: Process) -> None:
         process.last_error = ""

@@ -40,7 +40,9 @@ def ipc_endpoint(directory: Path, name: str) -> str:
 
 def bind(sock: zmq.Socket, endpoint: str) -> str:
     """Bind `sock`; an ipc socket file is made 0600; returns the endpoint peers dial (a tcp
-    port 0 becomes the port the system chose)."""
+    port 0 becomes the port the system chose; host `auto` becomes this machine's address)."""
+    if endpoint.startswith("tcp://auto:"):
+        endpoint = f"tcp://{host_address()}:{endpoint[len('tcp://auto:') :]}"
     if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
         port = sock.bind_to_random_port(endpoint[: -len(":0")])
         return f"{endpoint[: -len(':0')]}:{port}"

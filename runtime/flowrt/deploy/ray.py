@@ -1,0 +1,288 @@
+"""`--deploy ray[=ADDRESS]`: the replicas as Ray actors, placed by the bundle's launch plan.
+
+`ray` starts a local Ray cluster (and shuts it down at the end: never `ray stop`, which would
+stop every cluster on the machine); `ray=ADDRESS` (or `ray=auto`, inside a Ray job) joins one.
+The placement follows `deploy/ray/launch.json` (flowc build): one placement group per replica of
+a role that declares `gpus`, its bundles holding that replica's GPUs; replicas of a role that
+`share gpus with` it join the owner's bundle with no GPUs of their own and see the owner's
+devices (CUDA_VISIBLE_DEVICES set to the owner's GPU ids). Where the cluster has no GPUs, the
+GPUs are counted as the custom resource `flowc_gpu` if the cluster declares it (the local
+cluster started here does, so placement is still real on a CPU machine), else dropped, once,
+with a warning. Each actor runs a replica exactly as a `local` process does
+(flowrt.deploy.worker) and talks to the gateway over ZMQ: ipc on a local cluster, tcp when
+joining one. A dead actor is dropped and restarted as in `local`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from flowrt.deploy.local import DeployError, LocalSupervisor, Process
+
+GPU_STAND_IN = "flowc_gpu"
+STOP_WAIT = 10.0  # seconds for killed actors' processes to exit
+log = logging.getLogger("flowrt.deploy")
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise DeployError("--deploy ray needs Ray; install it with: pip install 'flowc[ray]'") from None
+    return ray
+
+
+class ReplicaActorBody:
+    """What each Ray actor runs (wrapped by `ray.remote` when the launcher starts)."""
+
+    def __init__(self) -> None:
+        self.replica: Any = None
+
+    async def serve(self, config: dict) -> int:
+        from flowrt.deploy.worker import Replica
+
+        if config.get("cuda_visible_devices") is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = config["cuda_visible_devices"]
+        for entry in reversed(config.get("sys_path", [])):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        self.replica = Replica(config)
+        await self.replica.open()
+        await self.replica.serve()
+        return 0
+
+    def where(self) -> dict:
+        import ray
+
+        context = ray.get_runtime_context()
+        group = context.get_placement_group_id()
+        return {
+            "pid": os.getpid(),
+            "placement_group": group,
+            "resources": {k: v for k, v in context.get_assigned_resources().items()},
+            "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+        }
+
+    def stop(self) -> None:
+        if self.replica is not None:
+            self.replica.stopping.set()
+
+
+class RaySupervisor(LocalSupervisor):
+    def __init__(self, bundle, registry: str | None, ttl: float, address: str | None, debug: bool = False):
+        super().__init__(bundle, registry, ttl, debug)
+        self.address = address
+        self.ray = _ray()
+        self.owns_cluster = False
+        self.actor_class: Any = None
+        self.groups: dict[str, Any] = {}  # placement group name -> PlacementGroup
+        self.placement: dict[
+            tuple[str, int], dict
+        ] = {}  # (role, replica) -> {"group", "bundle_index", "num_cpus", "num_gpus", "owner"}
+        self.actors: dict[tuple[str, int], Any] = {}
+        self.where: dict[tuple[str, int], dict] = {}
+        self.gpu_key: str | None = "GPU"
+
+    def endpoint(self, name: str) -> str:
+        if self.address is None:
+            return super().endpoint(name)  # a local cluster: same machine, ipc
+        return "tcp://auto:0"
+
+    async def start(self) -> None:
+        plan = self._launch_plan()
+        self._connect(plan)  # (on the main thread: ray.init installs signal handlers)
+        self.actor_class = self.ray.remote(max_restarts=0, max_concurrency=64)(ReplicaActorBody)
+        await self._place(plan)
+        await super().start()
+
+    def _launch_plan(self) -> dict:
+        path = self.bundle.path / "deploy" / "ray" / "launch.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise DeployError(f"{path} cannot be read ({error}); rebuild the bundle with `flowc build`") from None
+
+    def _connect(self, plan: dict) -> None:
+        ray = self.ray
+        if ray.is_initialized():
+            pass  # (a test, or an embedding program, connected already)
+        elif self.address is None:
+            gpus = sum(b.get("GPU", 0) for g in plan.get("placementGroups", []) for b in g["bundles"])
+            cpus = sum(b.get("CPU", 0) for g in plan.get("placementGroups", []) for b in g["bundles"])
+            cpus += sum(a.get("num_cpus", 1) for a in plan.get("actors", []))
+            resources = {GPU_STAND_IN: float(gpus)} if gpus else {}
+            ray.init(
+                num_cpus=max(int(cpus), os.cpu_count() or 1),
+                resources=resources,
+                include_dashboard=False,
+                log_to_driver=True,
+                configure_logging=False,
+            )
+            self.owns_cluster = True
+        else:
+            try:
+                ray.init(address=self.address, configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as error:
+                raise DeployError(
+                    f"cannot join the Ray cluster at {self.address} ({error}); check the address (ray status)"
+                ) from None
+        cluster = ray.cluster_resources()
+        if cluster.get("GPU", 0) >= 1:
+            self.gpu_key = "GPU"
+        elif cluster.get(GPU_STAND_IN, 0) >= 1:
+            self.gpu_key = GPU_STAND_IN
+        else:
+            self.gpu_key = None
+            if plan.get("placementGroups"):
+                log.warning("the Ray cluster has no GPUs: roles that declare gpus run on the CPU")
+
+    def _resources(self, cpus: float, gpus: float) -> dict:
+        out: dict[str, float] = {"CPU": cpus}
+        if gpus and self.gpu_key is not None:
+            out[self.gpu_key] = gpus
+        return out
+
+    async def _place(self, plan: dict) -> None:
+        from ray.util.placement_group import placement_group
+
+        for group in plan.get("placementGroups", []):
+            bundles = [self._resources(b.get("CPU", 1), b.get("GPU", 0)) for b in group["bundles"]]
+            pg = placement_group(bundles, strategy=group.get("strategy", "PACK"), name=f"{self.deployment}-{group['name']}")
+            self.groups[group["name"]] = pg
+            for member in group["members"]:
+                owner = member.get("inject_cuda_visible_devices_of")
+                self.placement[(member["role"], member["replica"])] = {
+                    "group": group["name"],
+                    "bundle_index": member.get("bundle_index", 0),
+                    "num_cpus": member.get("num_cpus", 1),
+                    "num_gpus": member.get("num_gpus", 0),
+                    "owner": tuple(owner.split("/")) if owner else None,
+                }
+        for actor in plan.get("actors", []):
+            self.placement[(actor["role"], actor["replica"])] = {
+                "group": None,
+                "bundle_index": None,
+                "num_cpus": actor.get("num_cpus", 1),
+                "num_gpus": actor.get("num_gpus", 0),
+                "owner": None,
+            }
+        for name, pg in self.groups.items():
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(pg.ready().future()), 60)
+            except TimeoutError:
+                raise DeployError(
+                    f"placement group {name} could not be placed within 60s: the cluster lacks the resources "
+                    f"{pg.bundle_specs}; add nodes or lower the role's gpus"
+                ) from None
+
+    async def _spawn(self, process: Process) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        key = (process.role, process.replica)
+        place = self.placement.get(key, {"group": None, "bundle_index": None, "num_cpus": 1, "num_gpus": 0, "owner": None})
+        options: dict[str, Any] = {"num_cpus": place["num_cpus"], "name": f"{self.deployment}-{process.role}-{process.replica}"}
+        resources = self._resources(0, place["num_gpus"])
+        resources.pop("CPU")
+        if self.gpu_key == "GPU":
+            options["num_gpus"] = place["num_gpus"]
+        elif resources:
+            options["resources"] = resources
+        if place["group"] is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=self.groups[place["group"]], placement_group_bundle_index=place["bundle_index"]
+            )
+        config = self.config(process)
+        config["parent"] = None  # Ray owns the actor's lifetime
+        if place["owner"] is not None:
+            owner = self.where.get((place["owner"][0], int(place["owner"][1])))
+            config["cuda_visible_devices"] = ",".join(owner["gpu_ids"]) if owner and owner["gpu_ids"] else None
+        actor = self.actor_class.options(**options).remote()
+        self.actors[key] = actor
+        process.started += 1
+        process.proc = None
+        serving = actor.serve.remote(config)
+        self.where[key] = await actor.where.remote()
+        process.watcher = asyncio.ensure_future(self._watch_actor(process, serving))
+
+    async def _watch_actor(self, process: Process, serving: Any) -> None:
+        ray = self.ray
+        reason = "its Ray actor stopped"
+        try:
+            await serving
+        except ray.exceptions.RayTaskError as error:
+            cause = error.cause if getattr(error, "cause", None) is not None else error
+            process.last_error = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+            reason = f"its Ray actor failed: {process.last_error}"
+        except ray.exceptions.RayActorError as error:
+            reason = f"its Ray actor died ({type(error).__name__})"
+        except asyncio.CancelledError:
+            return
+        if self.stopping:
+            return
+        record = self.directory.drop(process.role, process.replica, None, reason)
+        starting = self.failed_start is not None and not self.failed_start.done()
+        if starting and record is None:
+            message = process.last_error or f"replica {process.replica} of role `{process.role}`: {reason}"
+            self.failed_start.set_result(message)
+            return
+        await self._restart(process)
+
+    def _down(self, record, reason: str) -> None:
+        self.remote.on_down(record, reason)
+        actor = self.actors.get((record.role, record.replica))
+        if actor is not None and "lapsed" in reason:
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor, no_restart=True)
+
+    def pids(self) -> dict[str, int]:
+        return {f"{role}/{replica}": where["pid"] for (role, replica), where in self.where.items()}
+
+    async def close(self) -> None:
+        self.stopping = True
+        for actor in self.actors.values():
+            with contextlib.suppress(Exception):
+                actor.stop.remote()
+        await asyncio.sleep(0)
+        for actor in self.actors.values():
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor, no_restart=True)
+        if self.address is None:  # a cluster on this machine: wait (bounded) until the actors' processes are gone
+            await _gone([where["pid"] for where in self.where.values()], STOP_WAIT)
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.groups.values():
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+        for process in self.processes.values():
+            if process.watcher is not None and not process.watcher.done():
+                process.watcher.cancel()
+        await super().close()
+        if self.owns_cluster:
+            self.ray.shutdown()
+
+
+async def _gone(pids: list[int], seconds: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline and any(_alive(pid) for pid in pids):
+        await asyncio.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,150 @@
+"""`--deploy ray` on a real local Ray cluster: the same events as the embedded runtime, the
+launch plan's placement groups (GPUs as the custom resource `flowc_gpu` on a CPU machine;
+`share gpus with` roles in their owner's bundle with none of their own), a killed actor
+restarted, and Ray missing as one clear line. One cluster serves the module (never `ray stop`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, calls, deployed, wait_for
+
+ray = pytest.importorskip("ray", reason="Ray is in the dev extra; `pip install 'flowc[ray]'` brings it")
+
+FLOW = """
+placeholder request: Json
+
+role llm {
+    impl "roles:Llm"
+    replicas 2
+    gpus 1
+    interface run { in request  out hidden: Json }
+}
+
+role dit {
+    impl "roles:Dit"
+    replicas 2
+    share gpus with llm
+    interface run { in hidden  out image: Json }
+}
+
+role plain {
+    impl "roles:Plain"
+    interface run { in request  out note: Json }
+}
+
+graph g {
+    entry request
+    return image, note
+}
+"""
+
+ROLES = """
+import os
+
+class Llm:
+    async def run(self, ctx, request):
+        return {"hidden": {"n": request, "by": os.getpid()}}
+
+class Dit:
+    async def run(self, ctx, hidden):
+        return {"image": {"n": hidden["n"], "env": os.environ.get("CUDA_VISIBLE_DEVICES")}}
+
+class Plain:
+    async def run(self, ctx, request):
+        return {"note": request}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=16, resources={"flowc_gpu": 4}, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_placement_follows_the_launch_plan(cluster, tmp_path):
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+
+    async def main():
+        async with deployed(bundle, "ray") as deployment:
+            where = deployment.supervisor.where
+            groups = {where[("llm", r)]["placement_group"] for r in (0, 1)}
+            assert None not in groups and len(groups) == 2  # a group per replica of the GPU owner
+            for r in (0, 1):
+                assert where[("llm", r)]["resources"].get("flowc_gpu") == 1.0
+                assert where[("dit", r)]["placement_group"] == where[("llm", r)]["placement_group"]  # in its owner's bundle
+                assert "flowc_gpu" not in where[("dit", r)]["resources"]  # with no GPUs of its own
+            assert where[("plain", 0)]["placement_group"] is None
+            assert "flowc_gpu" not in where[("plain", 0)]["resources"]
+            for n in range(4):
+                events = await calls(deployment.runtime, "g", {"request": n})
+                returned = {e["field"]: e["value"] for e in events if e["event"] == "return"}
+                assert events[-1]["status"] == "ok" and returned["image"]["n"] == n and returned["note"] == n
+            await assert_clean_everywhere(deployment)
+
+    asyncio.run(main())
+
+
+def test_a_killed_actor_is_restarted_and_takes_traffic_again(cluster, tmp_path):
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+
+    async def main():
+        async with deployed(bundle, "ray", heartbeat_ttl=1.0) as deployment:
+            supervisor = deployment.supervisor
+            victim = supervisor.where[("plain", 0)]["pid"]
+            ray.kill(supervisor.actors[("plain", 0)], no_restart=True)
+            await wait_for(lambda: supervisor.restarted == 1 and len(supervisor.remote.live["plain"]) == 1, 30, "restart")
+            assert supervisor.where[("plain", 0)]["pid"] != victim
+            events = await calls(deployment.runtime, "g", {"request": 1})
+            assert events[-1]["status"] == "ok"
+            await assert_clean_everywhere(deployment)
+
+    asyncio.run(main())
+
+
+def test_image_chat_under_ray_prints_what_its_readme_says(cluster, tmp_path):
+    from tests.deploy.test_local import by_field
+
+    readme = (REPO / "examples/image_chat/README.md").read_text()
+    import re
+
+    (expected,) = re.findall(r"```json\n(.*?)\n```", readme, re.DOTALL)
+    subprocess.run(
+        [sys.executable, "-m", "flowc", "build", "examples/image_chat/pipeline.flow", "-o", str(tmp_path / "b")],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
+
+    async def main():
+        from flowrt.values import event_json
+
+        request = json.loads((REPO / "examples/image_chat/request.json").read_text())
+        async with deployed(tmp_path / "b", "ray") as deployment:
+            return [event_json(e) for e in await calls(deployment.runtime, "chat", request)]
+
+    got = asyncio.run(main())
+    assert sorted(got) == sorted(expected.splitlines())
+    assert by_field(got, {"token"}) == by_field(expected.splitlines(), {"token"})
+
+
+def test_without_ray_the_deploy_is_refused_in_one_line(tmp_path):
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+    hide_ray = "import sys; sys.modules['ray'] = None; from flowc.cli import main; sys.argv[0] = 'flowc'; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", hide_ray, "run", str(bundle), "--deploy", "ray", "--once", "g", "--input", '{"request": 1}'],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "--deploy ray needs Ray" in line and "pip install 'flowc[ray]'" in line
