@@ -290,8 +290,13 @@ def graph(file: str, picture: str, graph_name: str | None, output: str | None, c
     show_default=True,
     help="Deployment manifests to generate (repeatable).",
 )
+@click.option(
+    "--vendor",
+    is_flag=True,
+    help="Copy the roles' impl modules (and the local modules they import) into the bundle, so it runs without the source tree.",
+)
 @_color_option
-def build(file: str, out: str, targets: tuple[str, ...], color: bool | None) -> None:
+def build(file: str, out: str, targets: tuple[str, ...], vendor: bool, color: bool | None) -> None:
     """Check a .flow file and write its bundle: bundle.json, plan.json, nodes/<role>.py,
     __main__.py and deploy/ manifests. Output is byte-for-byte deterministic.
 
@@ -299,15 +304,20 @@ def build(file: str, out: str, targets: tuple[str, ...], color: bool | None) -> 
     Examples:
       flowc build examples/image_chat/pipeline.flow -o build/image_chat
       flowc build pipeline.flow -o out --target local --target k8s
+      flowc build pipeline.flow -o out --vendor      # a bundle that runs without the source tree
     """
     from flowc.codegen import TARGETS, build_bundle
+    from flowc.codegen.vendor import VendorError
 
     if not out:
         raise click.UsageError("-o needs a directory name, for example `-o build/bundle`")
     program = _checked_program(file, color)
     out_dir = Path(out)
     chosen = TARGETS if "all" in targets else tuple(t for t in TARGETS if t in targets)
-    bundle = build_bundle(program, Path(file), out_dir, chosen)
+    try:
+        bundle = build_bundle(program, Path(file), out_dir, chosen, vendor=vendor)
+    except VendorError as error:
+        raise click.UsageError(str(error)) from None
     try:
         _prepare_output(out_dir)
         bundle.write(out_dir)

@@ -67,8 +67,11 @@ def source_hash(program: Program) -> str:
     return digest.hexdigest()
 
 
-def build_bundle(program: Program, source: Path, out: Path, targets: tuple[str, ...] = TARGETS) -> Bundle:
-    """Render the bundle for `program` (read from `source`) to be written at `out`.
+def build_bundle(
+    program: Program, source: Path, out: Path, targets: tuple[str, ...] = TARGETS, vendor: bool = False
+) -> Bundle:
+    """Render the bundle for `program` (read from `source`) to be written at `out`; with
+    `vendor`, the roles' impl modules are copied in (flowc.codegen.vendor, VendorError).
 
     `source` and `out` may be spelled any way (relative to any working directory, absolute,
     through symlinked directories): the bundle depends only on the real places they name.
@@ -94,13 +97,20 @@ def build_bundle(program: Program, source: Path, out: Path, targets: tuple[str, 
         k8s = views.k8s_view(plan, __version__)
         files["deploy/k8s/raycluster.yaml"] = render("raycluster.yaml.j2", header=header, k8s=k8s)
         files["deploy/k8s/rayjob.yaml"] = render("rayjob.yaml.j2", header=header, k8s=k8s)
+    python_path = sorted({_relative(source_dir, out), _relative(source_dir.parent, out)})
+    if vendor:
+        from flowc.codegen.vendor import vendored
+
+        files.update(vendored([r.impl for r in plan.roles.values()], [source_dir, source_dir.parent]))
+        python_path = ["vendor"]
     files["bundle.json"] = _json(
         {
             "name": plan.flow,
             "flowc_version": __version__,
             "source": {"file": source.name, "sha256": digest, "modules": [m.name for m in program.modules]},
             # impl modules are imported with the .flow file's directory and its parent on the path
-            "python_path": sorted({_relative(source_dir, out), _relative(source_dir.parent, out)}),
+            # (or, vendored, from the bundle's own copies)
+            "python_path": python_path,
             "graphs": {name: views.graph_summary(g, entry_types(program, g.entry)) for name, g in plan.graphs.items()},
             "roles": {name: {"impl": r.impl, "module": f"nodes/{name}.py"} for name, r in plan.roles.items()},
             "targets": sorted(targets),
