@@ -163,7 +163,8 @@ def serve_bundle(
 ) -> None:
     """Serve over HTTP until SIGINT or SIGTERM."""
     try:
-        from flowrt.serve import CannotListen, parse_address, serve
+        from flowrt.deploy.serving import CannotListen, serve
+        from flowrt.gateway import parse_address
     except ImportError as error:
         raise click.ClickException(f"serving needs aiohttp ({error}); reinstall flowc: pip install flowc") from None
     from flowrt.control import FlowrtError

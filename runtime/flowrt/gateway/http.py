@@ -1,4 +1,4 @@
-"""Serving a bundle over HTTP: what `flowc run DIR --http HOST:PORT` runs (aiohttp).
+"""The HTTP gateway: the aiohttp application `flowc run DIR --http HOST:PORT` serves (any `--deploy`).
 
     GET  /health                  {"status": "ok", "bundle": NAME, "graphs": [...], "core": how the control core runs}
     GET  /graphs                  every graph: its entry placeholders and their types, streamed and returned fields
@@ -7,15 +7,16 @@
                                   → 200 `application/x-ndjson`, one event per line, exactly the
                                   lines `flowc run --once` prints, ending with the `done` event
     GET  /stats[?idle=SECONDS]    the runtime's statistics(); with `idle`, first waits (at most
-                                  SECONDS) until no call is running or queued
+                                  SECONDS) until no call is running or queued; under `local`
+                                  and `ray`, also replicas up, restarts and each replica
+                                  process's own statistics (`processes`)
 
 Every answer that is not a call's event stream is JSON, and every error is `{"error": ...,
 "hint": ...}`: 400 for a body that is not a JSON object or a bad query value, 404 for an
 unknown graph or path, 405 for a method a path does not answer, 413 for a body over the limit,
 422 for inputs that do not match the graph's entry (names or declared types), 500 for a bug in
-flowrt (logged with its traceback). A client that disconnects cancels its call. SIGINT or
-SIGTERM stops accepting, cancels the calls in flight (their streams end with `done` and status
-`cancelled`), and exits.
+flowrt (logged with its traceback). A client that disconnects cancels its call. Starting and
+stopping a server is flowrt.deploy.serving's.
 
 A call's events are written as they become ready: all the events ready when the previous write
 returns go out in one write, so a burst costs one send, and an event never waits for a later one.
@@ -30,28 +31,21 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from flowrt import options
-from flowrt.control import CORE, BadInputs, BadTimeout, FlowrtError, Runtime, UnknownGraph
-from flowrt.options import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
+from flowrt.control import CORE, BadInputs, BadTimeout, Runtime, UnknownGraph
+from flowrt.options import DEFAULT_MAX_BODY_MB
 from flowrt.values import event_json
 
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
 DEPLOYMENT: web.AppKey[Any] = web.AppKey("deployment", object)  # flowrt.deploy.Deployment, when serving one
 MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)  # bytes
 NDJSON = "application/x-ndjson"
-log = logging.getLogger("flowrt.serve")
-
-
-class CannotListen(FlowrtError):
-    """The address is taken or not ours to bind."""
+log = logging.getLogger("flowrt.gateway")
 
 
 def _error(status: int, message: str, hint: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -223,61 +217,3 @@ def application(runtime: Runtime, max_body_mb: float = DEFAULT_MAX_BODY_MB, depl
     app.router.add_get("/stats", stats)
     app.router.add_post("/graphs/{graph}", call_graph)
     return app
-
-
-async def serve(
-    bundle_dir: Path,
-    host: str,
-    port: int,
-    *,
-    session_ttl: float = DEFAULT_SESSION_TTL,
-    max_sessions: int = DEFAULT_MAX_SESSIONS,
-    max_body_mb: float = DEFAULT_MAX_BODY_MB,
-    deploy: str = "inproc",
-    registry: str | None = None,
-    heartbeat_ttl: float | None = None,
-    debug: bool = False,
-) -> None:
-    """Serve until SIGINT or SIGTERM; prints `serving NAME on http://HOST:PORT` once listening.
-    `deploy`, `registry` and `heartbeat_ttl` pick where the roles run (flowrt.deploy)."""
-    from flowrt.deploy import open_deployment
-    from flowrt.registry import DEFAULT_HEARTBEAT_TTL
-
-    deployment = await open_deployment(
-        bundle_dir,
-        deploy,
-        registry=registry,
-        heartbeat_ttl=heartbeat_ttl or DEFAULT_HEARTBEAT_TTL,
-        session_ttl=session_ttl,
-        max_sessions=max_sessions,
-        debug=debug,
-    )
-    runtime = deployment.runtime
-    runner = web.AppRunner(
-        application(runtime, max_body_mb, deployment if deployment.supervisor is not None else None),
-        handler_cancellation=True,
-        access_log=None,
-    )
-    try:
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as error:
-            raise CannotListen(
-                f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --http HOST:PORT"
-            ) from None
-        bound_host, bound_port = runner.addresses[0][:2]
-        print(f"serving {runtime.bundle.name} on http://{bound_host}:{bound_port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
-        print("stopping: cancelling the calls in flight", file=sys.stderr, flush=True)
-        await runtime.close()  # every stream ends with its `done` event before connections close
-    finally:
-        try:
-            await runner.cleanup()
-        finally:
-            await deployment.close()  # the replica processes stop with the server, however it stops

@@ -1,0 +1,80 @@
+"""Serving a bundle: open its deployment, put the HTTP gateway in front, run until a signal.
+
+What `flowc run DIR [--deploy ...]` (without --once) and `python -m BUNDLE serve|launch` run.
+SIGINT or SIGTERM stops accepting, cancels the calls in flight (their streams end with `done`
+and status `cancelled`), stops the deployment's processes and returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from flowrt.deploy.launch import open_deployment
+from flowrt.errors import FlowrtError
+from flowrt.gateway import application
+from flowrt.options import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
+from flowrt.registry import DEFAULT_HEARTBEAT_TTL
+
+
+class CannotListen(FlowrtError):
+    """The address is taken or not ours to bind."""
+
+
+async def serve(
+    bundle_dir: Path,
+    host: str,
+    port: int,
+    *,
+    session_ttl: float = DEFAULT_SESSION_TTL,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    deploy: str = "inproc",
+    registry: str | None = None,
+    heartbeat_ttl: float | None = None,
+    debug: bool = False,
+) -> None:
+    """Serve until SIGINT or SIGTERM; prints `serving NAME on http://HOST:PORT` once listening.
+    `deploy`, `registry` and `heartbeat_ttl` pick where the roles run (flowrt.deploy)."""
+    deployment = await open_deployment(
+        bundle_dir,
+        deploy,
+        registry=registry,
+        heartbeat_ttl=heartbeat_ttl or DEFAULT_HEARTBEAT_TTL,
+        session_ttl=session_ttl,
+        max_sessions=max_sessions,
+        debug=debug,
+    )
+    runtime = deployment.runtime
+    runner = web.AppRunner(
+        application(runtime, max_body_mb, deployment if deployment.supervisor is not None else None),
+        handler_cancellation=True,
+        access_log=None,
+    )
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as error:
+            raise CannotListen(
+                f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --http HOST:PORT"
+            ) from None
+        bound_host, bound_port = runner.addresses[0][:2]
+        print(f"serving {runtime.bundle.name} on http://{bound_host}:{bound_port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        print("stopping: cancelling the calls in flight", file=sys.stderr, flush=True)
+        await runtime.close()  # every stream ends with its `done` event before connections close
+    finally:
+        try:
+            await runner.cleanup()
+        finally:
+            await deployment.close()  # the replica processes stop with the server, however it stops
