@@ -30,7 +30,7 @@ from flowrt.registry.directory import TOKENS_PER_ACTIVATION
 from flowrt.transport import codec
 from flowrt.transport import messages as m
 from flowrt.transport.messages import VERSION
-from flowrt.transport.sockets import Reader
+from flowrt.transport.sockets import Coalescer, Reader, unbatch
 
 BROADCAST = -2  # as flowrt.control.roles.BROADCAST (a C constant in the compiled core)
 WINDOW = 64  # as flowrt.deploy.worker: frames a replica may send ahead; credit goes back per half window
@@ -75,14 +75,12 @@ class Link:
         sock.connect(record.address)
         self.pending: dict[int, Pending] = {}
         self.up = True
-        self.reader = Reader(sock, lambda frames: remote.received(self, frames), asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        self.reader = Reader(sock, lambda frames: remote.received(self, frames), loop)
+        self.out = Coalescer(sock, self.reader, loop)
 
     def send(self, envelope: m.Message, payload: list | None = None) -> None:
-        if payload is None:
-            self.socket.send(m.encode(envelope), zmq.NOBLOCK)
-        else:
-            self.socket.send_multipart([m.encode(envelope), *payload], zmq.NOBLOCK, copy=False)
-        self.reader.kick()
+        self.out.send([m.encode(envelope)] if payload is None else [m.encode(envelope), *payload])
 
     def close(self) -> None:
         self.up = False
@@ -139,11 +137,18 @@ class Remote:
 
     # ── messages from replicas ──
 
-    def received(self, link: Link, frames: list) -> None:
+    def received(self, link: Link, frames: list, nested: bool = False) -> None:
         """A message from a replica (called by the link's Reader)."""
         try:
             message = m.decode("replica", frames[0].buffer)
             kind = type(message)
+            if kind is m.Batch:
+                messages = None if nested else unbatch(message.sizes, frames[1:])
+                if messages is None:
+                    raise m.Garbage(f"a batch whose sizes {message.sizes} do not add up to its {len(frames) - 1} frames")
+                for each in messages:
+                    self.received(link, each, nested=True)
+                return
             if kind is m.Stats:
                 probe = self.probes.pop(message.token, None)
                 if probe is not None and not probe.done():

@@ -42,7 +42,7 @@ from flowrt.registry import open_client
 from flowrt.tables import node_tables
 from flowrt.transport import codec
 from flowrt.transport import messages as m
-from flowrt.transport.sockets import Reader, bind
+from flowrt.transport.sockets import Coalescer, Reader, bind, unbatch
 
 WINDOW = 64  # frames of one stream a replica may send before the gateway takes some
 STARTUP_FAILED = 3
@@ -86,6 +86,7 @@ class Replica:
         self.plain = zmq.Context()  # the activations' socket, read by flowrt.transport.sockets.Reader
         self.socket: zmq.Socket | None = None
         self.reader: Reader | None = None
+        self.outboxes: dict[bytes, Coalescer] = {}  # per gateway
         self.stopping = asyncio.Event()
 
     async def open(self) -> None:
@@ -158,24 +159,36 @@ class Replica:
     def send(self, peer: bytes, envelope: m.Message, payload: Any = None, *, bare: bool = False) -> None:
         """Send `envelope` (and `payload`, pickled) to the gateway `peer`; codec.Unpicklable if
         the payload cannot cross processes."""
-        frames = [peer, m.encode(envelope)] if bare else [peer, m.encode(envelope), *codec.dumps(payload)]
-        self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
-        self.reader.kick()
+        frames = [m.encode(envelope)] if bare else [m.encode(envelope), *codec.dumps(payload)]
+        out = self.outboxes.get(peer)
+        if out is None:
+            out = self.outboxes[peer] = Coalescer(self.socket, self.reader, asyncio.get_running_loop(), [peer])
+        out.send(frames)
 
     def _received(self, frames: list) -> None:
         if len(frames) < 2:
             self._garbage("a message without an envelope")
             return
-        peer = frames[0].bytes
+        self._handle(frames[0].bytes, frames[1:])
+
+    def _handle(self, peer: bytes, frames: list, nested: bool = False) -> None:
         try:
-            message = m.decode("gateway", frames[1].buffer)
+            message = m.decode("gateway", frames[0].buffer)
         except m.Garbage as error:
             self._garbage(str(error))
             return
         kind = type(message)
+        if kind is m.Batch:
+            messages = None if nested else unbatch(message.sizes, frames[1:])
+            if messages is None:
+                self._garbage(f"a batch whose sizes {message.sizes} do not add up to its {len(frames) - 1} frames")
+                return
+            for each in messages:
+                self._handle(peer, each, nested=True)
+            return
         if kind is m.Start:
             try:
-                payload = codec.loads(frames[2:])
+                payload = codec.loads(frames[1:])
                 inputs, uses = payload if message.uses else (payload, None)
                 if not isinstance(inputs, dict) or (uses is not None and not isinstance(uses, dict)):
                     raise TypeError("inputs must be a dict")

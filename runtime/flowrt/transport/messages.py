@@ -12,6 +12,7 @@ returned frame if any, and its session-globals changes), `Failed` (the role rais
 its contract: the message and the place as the embedded runtime words them), `Cancelled`
 (where the role was when cancelled), `Stats` (the answer to `Probe`).
 Replica → registry: `Register` then `Heartbeat` every interval (its load).
+Either way: `Batch`, the messages one event-loop turn sent to one peer, in one ZMQ message.
 """
 
 from __future__ import annotations
@@ -109,8 +110,18 @@ class Heartbeat(Message, tag="heartbeat"):
     tokens: int  # tokens in flight, as roles report them (ctx.report_tokens)
 
 
-GatewayMessage = Start | Credit | Cancel | Probe | Stop
-ReplicaMessage = Frame | Return | Failed | Cancelled | Stats
+# ── either way ──
+
+
+class Batch(Message, tag="batch"):
+    """Several messages sent in one event-loop turn to the same peer, as one ZMQ message: this
+    envelope, then each message's ZMQ frames (`sizes` says how many each has)."""
+
+    sizes: list[int]
+
+
+GatewayMessage = Start | Credit | Cancel | Probe | Stop | Batch
+ReplicaMessage = Frame | Return | Failed | Cancelled | Stats | Batch
 RegistryMessage = Register | Heartbeat
 
 

@@ -105,3 +105,54 @@ class Reader:
     def close(self) -> None:
         self.loop.remove_reader(self.fd)
         self.socket.close(0)
+
+
+class Coalescer:
+    """Messages to one peer sent in one event-loop turn leave as one ZMQ message (a `Batch`), at
+    the end of the turn: a role streaming frames without awaiting, or a burst of activations
+    started at once, costs one send and one wake-up of the peer instead of one per message.
+    Order is kept. `send(frames)` queues one message (its ZMQ frames, envelope first);
+    `prefix` (a ROUTER's peer identity) goes before each ZMQ message sent."""
+
+    __slots__ = ("socket", "reader", "prefix", "queued", "loop", "scheduled")
+
+    def __init__(self, sock: zmq.Socket, reader: Reader, loop, prefix: list | None = None) -> None:
+        self.socket = sock
+        self.reader = reader
+        self.prefix = prefix or []
+        self.queued: list[list] = []
+        self.loop = loop
+        self.scheduled = False
+
+    def send(self, frames: list) -> None:
+        self.queued.append(frames)
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.scheduled = False
+        queued, self.queued = self.queued, []
+        if not queued or self.socket.closed:
+            return
+        if len(queued) == 1:
+            frames = queued[0]
+        else:
+            from flowrt.transport.messages import VERSION, Batch, encode
+
+            frames = [encode(Batch(VERSION, [len(message) for message in queued]))]
+            for message in queued:
+                frames += message
+        self.socket.send_multipart(self.prefix + frames, zmq.NOBLOCK, copy=False)
+        self.reader.kick()
+
+
+def unbatch(sizes: list[int], frames: list) -> list[list] | None:
+    """The messages of a Batch whose envelope said `sizes`; None if the frames do not add up."""
+    if any(size < 1 for size in sizes) or sum(sizes) != len(frames):
+        return None
+    messages, start = [], 0
+    for size in sizes:
+        messages.append(frames[start : start + size])
+        start += size
+    return messages
