@@ -108,8 +108,7 @@ def ray_systems():
             return 1
 
         def generate(self, emb):
-            for i in range(TOKENS_PER_SEGMENT):
-                yield i
+            yield from range(TOKENS_PER_SEGMENT)
 
         # compiled-graph forms: whole lists per request
         def encode_all(self, segments):
