@@ -271,7 +271,7 @@ async def scale(args) -> None:
     print("|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="flowrt-scale-") as scratch:
         (Path(scratch) / "scale_roles.py").write_text(textwrap.dedent(SCALE_ROLES))
-        for replicas in (1, 2, 4, 8, 16):
+        for replicas in [n for n in (1, 2, 4, 8, 16) if n <= args.max_replicas]:
             source = Path(scratch) / f"scale{replicas}.flow"
             source.write_text(SCALE_FLOW.replace("N", str(replicas)))
             out = Path(scratch) / f"bundle{replicas}"
@@ -333,5 +333,6 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--no-ray", action="store_true")
     parser.add_argument("--scale", action="store_true")
+    parser.add_argument("--max-replicas", type=int, default=16, help="--scale: stop at this many replicas")
     args = parser.parse_args()
     asyncio.run(scale(args) if args.scale else throughput(args))

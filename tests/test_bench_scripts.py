@@ -58,3 +58,18 @@ def test_serve_stress_bench_leaves_nothing_behind_on_a_small_run():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "calls cancelled by their client going away: 8" in result.stdout
     assert "statuses {'ok': 8}" in result.stdout and "'sessions': 5, 'idle_sessions': 5" in result.stdout
+
+
+def test_deploy_hop_bench_runs_on_a_small_payload():
+    result = run("bench/deploy_hop.py", "--sizes", "64", "--count", "50", "--batches", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| 64 B |" in result.stdout and "x |" in result.stdout
+
+
+def test_deploy_throughput_bench_runs_without_ray_and_scales_a_little():
+    result = run("bench/deploy_throughput.py", "--requests", "20", "--rounds", "1", "--no-ray")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| local | 64 |" in result.stdout and "local/inproc = " in result.stdout
+    scale = run("bench/deploy_throughput.py", "--scale", "--requests", "64", "--max-replicas", "2")
+    assert scale.returncode == 0, scale.stdout + scale.stderr
+    assert "| 2 |" in scale.stdout and "registry, per heartbeat: embedded" in scale.stdout
