@@ -202,3 +202,91 @@ def test_garbage_on_the_sockets_is_logged_and_dropped(tmp_path, capfd, caplog):
     err = capfd.readouterr().err
     assert err.count("replica 0 of role `worker`: dropped") == 5, err
     assert "registry: dropped a message that is not a registry message" in caplog.text  # (the gateway's own log)
+
+
+ERRORS_FLOW = """
+placeholder request: Json
+
+role bad {
+    impl "roles:Bad"
+    interface run {
+        in request
+        out stream word: Json
+        timeout 300ms
+    }
+}
+
+graph g {
+    entry request
+    stream word
+}
+"""
+
+ERRORS_ROLES = """
+import asyncio
+
+class Bad:
+    async def run(self, ctx, request):
+        if request == "raise":
+            raise ValueError("no such word")
+        if request == "not a dict":
+            yield ["a", "list"]
+        if request == "undeclared":
+            yield {"word": 1, "extra": 2}
+        if request == "slow":
+            await asyncio.sleep(30)
+        yield {"word": request}
+"""
+
+
+def test_role_errors_read_the_same_under_inproc_and_local(tmp_path):
+    """An exception, a broken contract and a timeout: the same error events (message and
+    `where`, the place in the role's code) whether the role ran here or in its own process."""
+    bundle = bundle_with_roles(ERRORS_FLOW, ERRORS_ROLES, tmp_path)
+
+    async def main(deploy: str) -> list[dict]:
+        async with deployed(bundle, deploy) as deployment:
+            ends = []
+            for request in ("raise", "not a dict", "undeclared", "slow", "fine"):
+                events = await calls(deployment.runtime, "g", {"request": request})
+                ends.append({k: events[-1][k] for k in ("status", "errors", "missing")} | {"reason": events[-1].get("reason")})
+            if deployment.supervisor is not None:
+                await assert_clean_everywhere(deployment)
+            return ends
+
+    inproc, local = asyncio.run(main("inproc")), asyncio.run(main("local"))
+    assert local == inproc
+    messages = [end["errors"][0]["message"] if end["errors"] else "" for end in inproc]
+    assert "ValueError: no such word" in messages[0]
+    assert "must yield or return a dict" in messages[1] and "which its interface does not declare" in messages[2]
+    assert "timed out after 0.3s" in messages[3] and inproc[3]["errors"][0]["where"].endswith("roles.py:13")  # the line it waited at
+    assert inproc[4]["status"] == "ok"
+
+
+def test_replicas_exit_when_their_supervisor_is_killed(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from tests.deploy.test_cli_deploy import workers_of
+
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "flowc", "run", str(bundle), "--deploy", "local", "--http", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout.readline().startswith("serving ")
+        assert len(workers_of(bundle)) == 3
+        server.kill()
+        server.wait(10)
+        deadline = time.monotonic() + 10
+        while workers_of(bundle) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert workers_of(bundle) == []
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.stdout.close()

@@ -82,3 +82,8 @@ def test_no_module_imports_itself_through_others():
     edges = graph()
     cycles = [c for c in nx.simple_cycles(edges) if len(c) > 1]
     assert cycles == []
+
+
+def test_every_runtime_module_is_small_enough_to_read_in_one_sitting():
+    sizes = {p.relative_to(FLOWRT).as_posix(): len(p.read_text().splitlines()) for p in FLOWRT.rglob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 600} == {}

@@ -1,22 +1,14 @@
-"""One graph call executing in this process: delivery, buckets, activations, dispatch, joins,
-order, completion (DESIGN §4; docs/runtime.md gives the rules this module implements).
+"""One graph call executing in this process: activations, the dispatch of their frames,
+completion and cancellation (DESIGN §4; docs/runtime.md gives the rules). Signals, buckets,
+joins, what reaches the caller and order are its base class's (flowrt.control.delivery).
 
-Delivery is synchronous: a signal goes inbound → bucket → fire on one call chain with no await,
-so bucket state never interleaves. A fired activation is only queued there (`ready`), so the
-user's code never runs inside the state machine. Queued activations wait for the task whose
+A fired activation is only queued (`ready`), so the user's code never runs inside the state
+machine. Queued activations wait for the task whose
 step readied them and run in it one after another; when that task is about to suspend, the
 ones still waiting get tasks of their own (`_launch`), so nothing waits across an await and a
 role that never suspends costs no task (`_run`). On Python 3.12+ new tasks start eagerly. The
 call ends when its in-flight count reaches zero; then every table of the call is empty, which
 `statistics()` lets tests assert.
-
-Signals are not objects: ARRIVED, SLOT_EOS and UNREACHABLE are the methods `_arrive`, `_end`
-and `_unreachable`, taking the edge, the key and what the signal carries.
-
-Order (docs/runtime.md, rule 7): every present frame carries an order key, a tuple that gains
-one level per streaming hop. Ordered streams and ordered session nodes hold what arrives early
-and let it through once no work in flight can still send them a smaller key (`_lower_bound`,
-over the work the plan says can reach them: program.OrderConsumer); nothing is ever dropped.
 """
 
 from __future__ import annotations
@@ -24,22 +16,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections import deque
-from heapq import heappop, heappush, heapreplace
+from heapq import heappop, heappush
 from types import AsyncGeneratorType, CoroutineType
 from typing import TYPE_CHECKING, Any
 
+from flowrt.control import activation as _activation
 from flowrt.control import bounds
-from flowrt.control import bucket as _bucket
 from flowrt.control import program as _program
-from flowrt.control.bucket import Bucket
+from flowrt.control.activation import Activation, NoTimeout, Resume
 from flowrt.control.contract import checked_frame, failure, log_failure, second_frame, waiting_place
-from flowrt.control.program import Edge, GraphProgram, NodeProgram, OrderConsumer
+from flowrt.control.delivery import Delivery
+from flowrt.control.program import Edge, NodeProgram
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Reason
 
 if TYPE_CHECKING:
-    from flowrt.control.runtime import Runtime
+    pass
 
 log = logging.getLogger("flowrt")
 # eager tasks (3.12+) run a role at once, inside the launching task's step; activations that make
@@ -51,165 +43,11 @@ MAX_EAGER_DEPTH = 16
 PAUSE_EVERY, OUTBOX_HIGH, CHILDREN_HIGH = bounds.PAUSE_EVERY, bounds.OUTBOX_HIGH, bounds.CHILDREN_HIGH
 # what the hot path compares with (the compiled core holds them as C values: call.pxd)
 CALLER, DIRECT, JOIN, STREAM_SLOT = _program.CALLER, _program.DIRECT, _program.JOIN, _program.STREAM_SLOT
-ORDERED_STREAM = _program.ORDERED_STREAM
-WAITING, FIRED = _bucket.WAITING, _bucket.FIRED
 EMPTY, ERROR, CANCEL = Reason.EMPTY, Reason.ERROR, Reason.CANCEL
+NO_TIMEOUT: NoTimeout = _activation.NO_TIMEOUT
 
 
-class Activation:
-    __slots__ = (
-        "node",
-        "group",
-        "aid",
-        "inputs",
-        "roots",
-        "order",
-        "replica",
-        "extras",
-        "yielded",
-        "finished",
-        "parent",
-        "children",
-        "pause",
-        "resume",
-    )
-
-    def __init__(self, node: NodeProgram, group: int, aid: int, inputs: dict, roots: tuple, order: tuple):
-        self.node = node
-        self.group = group
-        self.aid = aid
-        self.inputs = inputs
-        self.roots = roots  # diamond-root entries (root index, aid, yield index), outermost first
-        self.order = order  # the order key of the frame(s) that activated it
-        self.replica = -1  # the replica it runs on, once started
-        self.extras: tuple = ()  # lb broadcast: the other replicas' runs
-        self.yielded = 0  # frames produced so far
-        self.finished = False
-        self.parent: Activation | None = None  # whose frame readied it, if that one waits for it (rule 13)
-        self.children = 0  # activations its frames readied that have not finished
-        self.pause = False  # give the loop a turn, and maybe wait, before its next frame
-        self.resume: asyncio.Future | None = None  # set while it waits for its consumers
-
-    def order_bound(self) -> tuple | None:
-        """The smallest order key its frames still to come can have (None: no more frames).
-        Only asked of activations of nodes that keep or extend keys (not `lb session` nodes)."""
-        if self.finished:
-            return None
-        if self.node.stream:
-            return self.order + (self.yielded,)
-        return None if self.yielded else self.order
-
-
-class _Done:
-    """An awaitable that is already complete: awaiting it returns None at once."""
-
-    __slots__ = ()
-
-    def __await__(self):
-        return iter(())
-
-
-class _NoTimeout:
-    """What an activation enters when its interface has no timeout: nothing, at the cost of two
-    calls (a coroutine around the role's run would cost an object per activation)."""
-
-    __slots__ = ()
-
-    def __aenter__(self) -> _Done:
-        return DONE
-
-    def __aexit__(self, *exc_info: object) -> _Done:
-        return DONE  # None: an exception passes through
-
-
-DONE = _Done()
-NO_TIMEOUT = _NoTimeout()
-
-
-class _Resume:
-    """`await` for a coroutine (or awaitable iterator) whose first step already ran by hand:
-    passes what it waits on up to the task and passes back what the task sends (its wake-up)
-    or throws (a cancellation), as `await` would; its result is the coroutine's."""
-
-    __slots__ = ("awaitable", "waiting")
-
-    def __init__(self, awaitable: Any, waiting: Any):
-        self.awaitable = awaitable
-        self.waiting = waiting
-
-    def __await__(self):
-        awaitable, waiting = self.awaitable, self.waiting
-        while True:
-            try:
-                sent = yield waiting
-            except GeneratorExit:
-                awaitable.close()
-                raise
-            except BaseException as error:  # noqa: BLE001 - thrown in by the task: passed on, as `await` does
-                try:
-                    waiting = awaitable.throw(error)
-                except StopIteration as finished:
-                    return finished.value
-            else:
-                try:
-                    waiting = awaitable.send(sent)
-                except StopIteration as finished:
-                    return finished.value
-
-
-class JoinState:
-    __slots__ = ("values", "fired")
-
-    def __init__(self) -> None:
-        self.values: dict[str, list] = {}
-        self.fired = False
-
-
-class Call:
-    def __init__(self, runtime: Runtime, program: GraphProgram, inputs: dict[str, Any], session: str, call_id: int):
-        self.runtime = runtime
-        self.program = program
-        self.graph = program.name
-        self.inputs = inputs
-        self.session = session
-        self.call_id = call_id
-        self.loop = asyncio.get_running_loop()
-        self.custom_tasks = self.loop.get_task_factory() is not None
-        self.outbox: deque[dict | None] = deque()  # events for the caller; None ends the call
-        self.waiter: asyncio.Future | None = None  # the caller, waiting for an event
-        self.errors: list[dict[str, str]] = []
-        self.buckets: dict[tuple, Bucket] = {}
-        self.resolved: set[tuple] = set()  # keys of buckets that fired or died, so late signals are dropped
-        self.open_buckets = [0] * len(program.nodes)  # open buckets per node (join completion)
-        self.joins: dict[int, JoinState] = {}
-        self.joins_done: set[int] = set()
-        self.sequencers: dict[int, Sequencer] = {}
-        self.seen_unreachable: set[tuple] = set()
-        self.in_flight = 0  # activations scheduled, queued at a session node, or running
-        self.running = 0  # activations launched or waiting to be
-        self.running_by_node = [0] * len(program.nodes)
-        self.session_counters = [0] * len(program.nodes)
-        self.tasks: set[asyncio.Task] = set()
-        self.ready: list[Activation] = []  # fired, not yet launched (see the module's docstring)
-        self.eager_depth = 0
-        self.last_aid = 0
-        self.cancelled = False
-        self.cancel_reason = ""  # why it was cancelled: "timeout", "client gone", "shutdown"
-        self.ended = False  # the `done` event is out; every table of the call is empty
-        self.end_waiters: list[asyncio.Future] | None = None
-        # order: per ordered stream, the frames that came early (a heap by key); per order
-        # consumer, its work in flight (a heap by order bound, refreshed lazily); per session
-        # node some consumer's keys restart at, how much work that can reach it is alive
-        self.stream_held: list[list] = [[] for _ in program.streams]
-        self.order_heaps: list[list] = [[] for _ in program.consumers]
-        self.order_waiting: set[OrderConsumer] = set()  # consumers holding frames or activations
-        self.alive = [0] * len(program.resets)
-        self.tickets = 0  # tie-breaks in the heaps: equal keys go in arrival order
-        self.producer: Activation | None = None  # the activation whose frame is being dispatched
-        self.outbox_waiters: list[Activation] = []  # activations waiting for the caller to take events
-        self.returned: set[str] = set()
-        self.errored: set[str] = set()
-
+class Call(Delivery):
     # ── start and completion ──
 
     def start(self) -> None:
@@ -221,14 +59,6 @@ class Call:
         self._dispatch_frame(act, self.inputs, 0, None)  # frames are only read: the caller's copy will do
         self._activation_done(act.node, None)
         self._launch()
-
-    def _aid(self) -> int:
-        self.last_aid += 1
-        return self.last_aid
-
-    def _ticket(self) -> int:
-        self.tickets += 1
-        return self.tickets
 
     def _activation_done(self, node: NodeProgram, act: Activation | None) -> None:
         """An activation of `node` ended, or (`act` None) a group of it died or it ran inline."""
@@ -338,144 +168,6 @@ class Call:
         for task in list(self.tasks):
             task.cancel()
 
-    # ── inbound: the three signals ──
-
-    def _arrive(self, edge: Edge, key: tuple, value: Any, roots: tuple, order: tuple) -> None:
-        """ARRIVED at a bucket or stream slot."""
-        bucket_key = (edge.node.index, edge.group.index, key)
-        bucket = self._bucket(edge, bucket_key, roots)
-        if bucket is None:
-            return
-        before = bucket.order
-        outcome = bucket.arrived(edge.slot, value, order)
-        if bucket.order is not before:  # its activation's key can now be this small
-            for consumer in edge.node.bucket_feeds:
-                heappush(self.order_heaps[consumer.index], (bucket.order, self._ticket(), bucket))
-        if outcome != WAITING:
-            self._close_bucket(edge, bucket_key, bucket, outcome)
-
-    def _end(self, edge: Edge, key: tuple) -> None:
-        """SLOT_EOS: the stream feeding a stream slot ended after delivering frames."""
-        bucket_key = (edge.node.index, edge.group.index, key)
-        bucket = self.buckets.get(bucket_key)
-        if bucket is None:
-            return  # frames came, so the bucket existed: it has resolved since
-        outcome = bucket.ended(edge.slot)
-        if outcome != WAITING:
-            self._close_bucket(edge, bucket_key, bucket, outcome)
-
-    def _unreachable(self, edge: Edge, key: tuple, roots: tuple, reason: Reason, origin: tuple | None) -> None:
-        kind = edge.kind
-        if kind == CALLER:
-            if reason is ERROR or reason is CANCEL:
-                self.errored.add(edge.field)
-            return
-        if kind == JOIN:
-            return  # a join counts arrivals only; `all` fields end with their upstream
-        node = edge.node
-        group = edge.group
-        if node.in_cycle and origin is not None:
-            dedup = (origin, node.index, group.index, edge.slot)
-            if dedup in self.seen_unreachable:
-                return
-            self.seen_unreachable.add(dedup)
-        if kind == DIRECT:
-            # one slot filled by one frame: the bucket would die on this very signal
-            self._dead(node, roots, reason, origin)
-            return
-        bucket_key = (node.index, group.index, key)
-        bucket = self._bucket(edge, bucket_key, roots)
-        if bucket is None:
-            return
-        outcome = bucket.unreachable(edge.slot, reason, origin)
-        if outcome != WAITING:
-            self._close_bucket(edge, bucket_key, bucket, outcome)
-
-    def _bucket(self, edge: Edge, bucket_key: tuple, roots: tuple) -> Bucket | None:
-        """The open bucket of `bucket_key`, opened by this signal if need be; None once it fired
-        or died (a critical slot can end it early), so late signals are dropped."""
-        bucket = self.buckets.get(bucket_key)
-        if bucket is None and bucket_key not in self.resolved:
-            node = edge.node
-            bucket = self.buckets[bucket_key] = Bucket(edge.group, roots)
-            self.open_buckets[node.index] += 1
-            for reset in node.reset_counters:
-                self.alive[reset] += 1
-        return bucket
-
-    def _close_bucket(self, edge: Edge, bucket_key: tuple, bucket: Bucket, outcome: int) -> None:
-        del self.buckets[bucket_key]
-        self.resolved.add(bucket_key)
-        bucket.closed = True
-        node = edge.node
-        self.open_buckets[node.index] -= 1
-        for reset in node.reset_counters:
-            self.alive[reset] -= 1
-        if outcome == FIRED:
-            self._schedule(Activation(node, edge.group.index, self._aid(), bucket.inputs(), bucket.roots, bucket.order))
-        else:
-            self._dead(node, bucket.roots, bucket.reason or EMPTY, bucket.origin)
-
-    def _dead(self, node: NodeProgram, roots: tuple, reason: Reason, origin: tuple | None) -> None:
-        """A group that will not fire for this key: its activation becomes a phantom."""
-        self.in_flight += 1
-        aid = self._aid()
-        self._dispatch_phantom(node, aid, roots, reason, origin or (node.index, aid))
-        self._activation_done(node, None)
-
-    # ── joins ──
-
-    def _join_arrived(self, node: NodeProgram, name: str, value: Any) -> None:
-        state = self.joins.get(node.index)
-        if state is None:
-            state = self.joins[node.index] = JoinState()
-        if not state.fired:
-            values = state.values.get(name)
-            if values is None:
-                state.values[name] = [value]
-            else:
-                values.append(value)
-            self._try_join(node, False)
-
-    def _try_join(self, node: NodeProgram, final: bool) -> bool:
-        state = self.joins.get(node.index)
-        if state is None:
-            if not final:
-                return False
-            state = self.joins[node.index] = JoinState()
-        if state.fired or node.index in self.joins_done:
-            return False
-        # counts first (cheap); `all` fields only then: their upstream must have nothing running or pending
-        complete = _counts_met(node, state) and (final or self._all_fields_ended(node))
-        if not complete:
-            if final:
-                del self.joins[node.index]
-                self._join_resolved(node)
-                self._dead(node, (), ERROR if self.errors else EMPTY, None)
-                return True
-            return False
-        state.fired = True
-        self._join_resolved(node)
-        # a counted field passes exactly its first N frames; `all` passes every frame
-        inputs = {j.field: list(state.values.get(j.field, ()))[: j.threshold] for j in node.join or ()}
-        self._schedule(Activation(node, 0, self._aid(), inputs, (), ()))  # one per call: the empty key
-        return True
-
-    def _join_resolved(self, node: NodeProgram) -> None:
-        self.joins_done.add(node.index)
-        for reset in node.reset_counters:
-            self.alive[reset] -= 1
-
-    def _all_fields_ended(self, node: NodeProgram) -> bool:
-        running = self.running_by_node
-        buckets = self.open_buckets
-        for join in node.join or ():
-            if join.threshold is None:
-                for upstream in join.upstream:
-                    if running[upstream] or buckets[upstream]:
-                        return False
-        return True
-
     # ── activations ──
 
     def _schedule(self, act: Activation) -> None:
@@ -545,7 +237,7 @@ class Call:
         about to suspend, every waiting activation is handed to a task of its own first
         (`_launch`), so nothing waits across an await and concurrency is as if each had had its
         own task from the start. To see that moment the role is stepped by hand while others
-        wait (`_first_step`, then `await _Resume`, which is `await` for a started coroutine); a
+        wait (`_first_step`, then `await Resume`, which is `await` for a started coroutine); a
         role that never suspends then costs no task and no turn of the event loop.
 
         The task is in `tasks` (what `cancel` cancels) only while this body runs: a task
@@ -587,7 +279,7 @@ class Call:
                                     done, frame = _first_step(step)
                                     if not done:
                                         self._launch()
-                                        frame = await _Resume(step, frame)
+                                        frame = await Resume(step, frame)
                                 except StopAsyncIteration:
                                     break
                                 self._yielded(act, frame, streams)
@@ -595,7 +287,7 @@ class Call:
                             done, frame = _first_step(result)
                             if not done:
                                 self._launch()
-                                frame = await _Resume(result, frame)
+                                frame = await Resume(result, frame)
                             self._returned(act, frame, streams)
                         else:
                             self._launch()  # nothing waits, or an awaitable that cannot be stepped by hand
@@ -786,117 +478,6 @@ class Call:
             else:
                 self._unreachable(edge, key, roots, reason or EMPTY, (act.node.index, act.aid))
 
-    # ── the caller ──
-
-    def _emit(self, event: dict | None) -> None:
-        self.outbox.append(event)
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def _caller_arrived(self, edge: Edge, value: Any, order: tuple) -> None:
-        stream = edge.stream
-        if stream >= 0:
-            if not edge.ordered:
-                self._emit({"event": "stream", "field": edge.field, "value": value})
-            else:
-                consumer = self.program.stream_consumers[stream]
-                held = self.stream_held[stream]
-                if held:
-                    self._hold(consumer, held, order, value)
-                else:  # usually the frame is next: nothing in flight can bring a smaller key
-                    bound = self._lower_bound(consumer)
-                    if bound is None or order <= bound:
-                        self._emit({"event": "stream", "field": edge.field, "value": value})
-                    else:
-                        self._hold(consumer, held, order, value)
-        if edge.returned and edge.field not in self.returned:
-            self.returned.add(edge.field)
-            self._emit({"event": "return", "field": edge.field, "value": value})
-
-    # ── order ──
-
-    def _lower_bound(self, consumer: OrderConsumer) -> tuple | None:
-        """The smallest order key a frame can still reach `consumer` with; None if none can.
-
-        A join not yet resolved can (its activation has the empty key); so can a session node
-        some alive work can reach (its next output counter), and the activations and open
-        buckets of the nodes that keep or extend keys on the way (their `order_bound`, kept in
-        a heap refreshed lazily: a bound only grows, but an entry may be stale)."""
-        done = self.joins_done
-        for join in consumer.join_resets:
-            if join not in done:
-                return ()
-        bound = None
-        counters = self.session_counters
-        resets = self.program.resets
-        for reset in consumer.session_resets:
-            if self.alive[reset]:
-                key = (counters[resets[reset]],)
-                if bound is None or key < bound:
-                    bound = key
-        heap = self.order_heaps[consumer.index]
-        while heap:
-            entry = heap[0]
-            unit = entry[2]
-            current = unit.order_bound()
-            if current is None:
-                heappop(heap)
-            elif current != entry[0]:
-                heapreplace(heap, (current, self._ticket(), unit))
-            else:
-                if bound is None or current < bound:
-                    bound = current
-                break
-        return bound
-
-    def _reorder(self) -> None:
-        """Let through whatever waits for order and may go now."""
-        for consumer in list(self.order_waiting):
-            if consumer.kind == ORDERED_STREAM:
-                self._release_stream(consumer)
-            else:
-                self._release_session(consumer)
-
-    def _hold(self, consumer: OrderConsumer, held: list, order: tuple, value: Any) -> None:
-        heappush(held, (order, self._ticket(), value))
-        self.order_waiting.add(consumer)
-        self._release_stream(consumer)
-
-    def _release_stream(self, consumer: OrderConsumer) -> None:
-        held = self.stream_held[consumer.target]
-        bound = self._lower_bound(consumer)
-        name = self.program.streams[consumer.target][0]
-        while held and (bound is None or held[0][0] <= bound):
-            self._emit({"event": "stream", "field": name, "value": heappop(held)[2]})
-        if not held:
-            self.order_waiting.discard(consumer)
-
-    def _release_session(self, consumer: OrderConsumer) -> None:
-        sequencer = self.sequencers[consumer.target]
-        if not sequencer.busy:
-            self._spawn(sequencer.release(self._lower_bound(consumer)))
-        if not sequencer.held:
-            self.order_waiting.discard(consumer)
-
-    def statistics(self) -> dict[str, int]:
-        return {
-            "buckets": len(self.buckets),
-            "resolved_keys": len(self.resolved),
-            "joins": len(self.joins),
-            "sequencers": len(self.sequencers),
-            "tasks": len(self.tasks),
-            "unlaunched": len(self.ready),
-            "in_flight": self.in_flight,
-            "running": self.running,
-            "unreachable_dedup": len(self.seen_unreachable),
-            "held_for_order": sum(map(len, self.stream_held)) + sum(s.waiting() for s in self.sequencers.values()),
-            "undelivered_events": len(self.outbox),
-            "waiting_for_room": len(self.outbox_waiters),
-        }
-
 
 def _out_roots(node: NodeProgram, aid: int, roots: tuple, yidx: int) -> tuple:
     """The diamond-root entries frame `yidx` of activation `aid` of `node` carries."""
@@ -911,7 +492,7 @@ def _out_roots(node: NodeProgram, aid: int, roots: tuple, yidx: int) -> tuple:
 
 def _first_step(awaitable: Any) -> tuple[bool, Any]:
     """Run an awaitable's first step by hand: (True, its result) if it finished without
-    suspending, else (False, what it waits on) for `await _Resume(awaitable, that)`."""
+    suspending, else (False, what it waits on) for `await Resume(awaitable, that)`."""
     try:
         waiting = awaitable.send(None)
     except StopIteration as finished:
@@ -927,13 +508,6 @@ def _key(node: NodeProgram, aid: int, edge: Edge, roots: tuple, yidx: int) -> tu
             if entry[0] == root:
                 return entry
     return (node.index, aid, yidx)
-
-
-def _counts_met(node: NodeProgram, state: JoinState) -> bool:
-    for join in node.join or ():
-        if join.threshold is not None and len(state.values.get(join.field, ())) < join.threshold:
-            return False
-    return True
 
 
 def _wake(act: Activation) -> None:

@@ -27,7 +27,7 @@ import warnings
 from pathlib import Path
 
 PACKAGE = "flowrt.control"
-MODULES = ("program", "bucket", "sequencer", "roles", "call")
+MODULES = ("program", "bucket", "sequencer", "roles", "activation", "delivery", "call")
 MANIFEST = "_native_build.json"
 HERE = Path(__file__).resolve().parent
 

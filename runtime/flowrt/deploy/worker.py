@@ -38,7 +38,7 @@ from flowrt.control.contract import checked_frame, failure, second_frame, waitin
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context
 from flowrt.errors import FlowrtError
-from flowrt.registry import open_client
+from flowrt.registry import RegistryError, open_client
 from flowrt.tables import node_tables
 from flowrt.transport import codec
 from flowrt.transport import messages as m
@@ -113,6 +113,7 @@ class Replica:
         self.generators = sorted(
             name for name in self.spec.interfaces if inspect.isasyncgenfunction(getattr(self.instance, name, None))
         )
+        await self.connect_registry()
 
     def register(self) -> m.Register:
         return m.Register(m.VERSION, self.role_name, self.index, self.incarnation, self.address, os.getpid(), self.generators)
@@ -121,20 +122,29 @@ class Replica:
         running = len(self.tasks)
         return m.Heartbeat(m.VERSION, self.role_name, self.index, self.incarnation, running, self.queued, self.tokens)
 
+    async def connect_registry(self) -> None:
+        try:
+            self.client = await open_client(
+                self.config.get("registry"),
+                self.context,
+                self.config["registry_endpoint"],
+                self.config["deployment"],
+                self.config["ttl"],
+            )
+        except RegistryError as error:
+            raise FlowrtError(f"replica {self.index} of role `{self.role_name}`: {error}") from None
+
     async def heartbeats(self) -> None:
-        client = await open_client(
-            self.config.get("registry"),
-            self.context,
-            self.config["registry_endpoint"],
-            self.config["deployment"],
-            self.config["ttl"],
-        )
+        client = self.client
         parent = self.config.get("parent")
         try:
             register = self.register()
             interval = self.config["ttl"] / 3
             while not self.stopping.is_set():
-                await client.beat(register, self.heartbeat())
+                try:
+                    await client.beat(register, self.heartbeat())
+                except Exception:  # noqa: BLE001 - a heartbeat that failed is retried at the next one
+                    log.warning("replica %d of role `%s`: a heartbeat failed", self.index, self.role_name, exc_info=True)
                 if parent and os.getppid() != parent:
                     log.warning("replica %d of role `%s`: its supervisor is gone; stopping", self.index, self.role_name)
                     self.stopping.set()

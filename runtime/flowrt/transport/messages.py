@@ -106,8 +106,8 @@ class Heartbeat(Message, tag="heartbeat"):
     replica: int
     incarnation: str
     running: int  # activations running now
-    queued: int  # activations received, not started yet
-    tokens: int  # tokens in flight, as roles report them (ctx.report_tokens)
+    queued: int  # activations received, not started yet (0 today: each starts as it arrives)
+    tokens: int  # tokens in flight, as engine roles will report them (0 until engines do)
 
 
 # ── either way ──

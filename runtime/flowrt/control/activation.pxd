@@ -1,0 +1,26 @@
+# Cython declarations for activation.py (docs/runtime.md, "The compiled core").
+from flowrt.control.program cimport NodeProgram
+
+cdef class Activation:
+    cdef public NodeProgram node
+    cdef public Py_ssize_t group, aid, replica, yielded, children
+    cdef public dict inputs
+    cdef public tuple roots, extras, order
+    cdef public bint finished, pause
+    cdef public Activation parent
+    cdef public object resume
+
+    cpdef object order_bound(self)
+
+cdef class Done:
+    pass
+
+cdef class NoTimeout:
+    pass
+
+cdef class Resume:
+    cdef object awaitable, waiting
+
+cdef class JoinState:
+    cdef public dict values
+    cdef public bint fired

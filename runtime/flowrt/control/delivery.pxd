@@ -1,0 +1,67 @@
+# Cython declarations for delivery.py (docs/runtime.md, "The compiled core"): the call's state
+# and its signal, bucket, join, caller and order methods; the methods its subclass Call
+# implements are declared here too, so this half calls them through the vtable.
+cimport cython
+
+from flowrt.control.activation cimport Activation, JoinState
+from flowrt.control.bucket cimport Bucket
+from flowrt.control.program cimport Edge, GraphProgram, GroupProgram, JoinField, NodeProgram, OrderConsumer
+from flowrt.control.sequencer cimport Sequencer
+
+cdef Py_ssize_t CALLER, DIRECT, JOIN, WAITING, FIRED, ORDERED_STREAM
+cdef object EMPTY, ERROR, CANCEL
+
+cdef class Delivery:
+    cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop
+    cdef public GraphProgram program
+    cdef public str graph
+    cdef public Py_ssize_t call_id, in_flight, running, eager_depth, last_aid, tickets
+    cdef public list errors, open_buckets, running_by_node, session_counters, ready, stream_held, order_heaps, alive
+    cdef public dict buckets, joins, sequencers
+    cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored, order_waiting
+    cdef public Activation producer
+    cdef public list outbox_waiters
+    cdef public bint cancelled, ended, custom_tasks
+    cdef public str cancel_reason
+
+    cdef Py_ssize_t _aid(self)
+    cdef Py_ssize_t _ticket(self)
+    @cython.locals(bucket=Bucket, outcome=Py_ssize_t, consumer=OrderConsumer)
+    cdef _arrive(self, Edge edge, tuple key, object value, tuple roots, tuple order)
+    @cython.locals(bucket=Bucket, outcome=Py_ssize_t)
+    cdef _end(self, Edge edge, tuple key)
+    @cython.locals(kind=Py_ssize_t, node=NodeProgram, group=GroupProgram, bucket=Bucket, outcome=Py_ssize_t)
+    cdef _unreachable(self, Edge edge, tuple key, tuple roots, object reason, object origin)
+    @cython.locals(bucket=Bucket, node=NodeProgram, reset=Py_ssize_t)
+    cdef Bucket _bucket(self, Edge edge, tuple bucket_key, tuple roots)
+    @cython.locals(node=NodeProgram, reset=Py_ssize_t)
+    cdef _close_bucket(self, Edge edge, tuple bucket_key, Bucket bucket, Py_ssize_t outcome)
+    @cython.locals(aid=Py_ssize_t)
+    cdef _dead(self, NodeProgram node, tuple roots, object reason, object origin)
+    @cython.locals(state=JoinState)
+    cdef _join_arrived(self, NodeProgram node, str name, object value)
+    @cython.locals(state=JoinState, j=JoinField)
+    cdef bint _try_join(self, NodeProgram node, bint final) except -1
+    @cython.locals(reset=Py_ssize_t)
+    cdef _join_resolved(self, NodeProgram node)
+    @cython.locals(join=JoinField, running=list, buckets=list)
+    cdef bint _all_fields_ended(self, NodeProgram node) except -1
+    cdef _emit(self, object event)
+    @cython.locals(stream=Py_ssize_t, consumer=OrderConsumer, held=list)
+    cdef _caller_arrived(self, Edge edge, object value, tuple order)
+    @cython.locals(done=set, counters=list, resets=tuple, reset=Py_ssize_t, heap=list, entry=tuple)
+    cdef object _lower_bound(self, OrderConsumer consumer)
+    @cython.locals(consumer=OrderConsumer)
+    cdef _reorder(self)
+    cdef _hold(self, OrderConsumer consumer, list held, tuple order, object value)
+    @cython.locals(held=list)
+    cdef _release_stream(self, OrderConsumer consumer)
+    @cython.locals(sequencer=Sequencer)
+    cdef _release_session(self, OrderConsumer consumer)
+    cdef _activation_done(self, NodeProgram node, Activation act)
+    cdef _schedule(self, Activation act)
+    cdef _spawn(self, object act)
+    cdef _dispatch_phantom(self, NodeProgram node, Py_ssize_t aid, tuple roots, object reason, tuple origin)
+
+@cython.locals(join=JoinField)
+cdef bint counts_met(NodeProgram node, JoinState state) except -1

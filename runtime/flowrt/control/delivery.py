@@ -1,0 +1,362 @@
+"""A graph call's state and the half of its state machine that involves no role: the three
+signals (ARRIVED, SLOT_EOS and UNREACHABLE are the methods `_arrive`, `_end` and
+`_unreachable`, taking the edge, the key and what the signal carries), buckets, count joins,
+what reaches the caller, and order (DESIGN §4; docs/runtime.md, rules 1-7).
+
+Delivery is synchronous: a signal goes inbound → bucket → fire on one call chain with no await,
+so bucket state never interleaves. Firing only hands the activation to `_schedule`, which the
+subclass `flowrt.control.call.Call` implements with everything that runs roles (activations,
+dispatch of their frames, completion, cancellation); so do `_spawn`, `_dispatch_phantom` and
+`_activation_done`, which this half calls.
+
+Order (docs/runtime.md, rule 7): every present frame carries an order key, a tuple that gains
+one level per streaming hop. Ordered streams and ordered session nodes hold what arrives early
+and let it through once no work in flight can still send them a smaller key (`_lower_bound`,
+over the work the plan says can reach them: program.OrderConsumer); nothing is ever dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from heapq import heappop, heappush, heapreplace
+from typing import TYPE_CHECKING, Any
+
+from flowrt.control import bucket as _bucket
+from flowrt.control import program as _program
+from flowrt.control.activation import Activation, JoinState
+from flowrt.control.bucket import Bucket
+from flowrt.control.program import Edge, GraphProgram, NodeProgram, OrderConsumer
+from flowrt.control.sequencer import Sequencer
+from flowrt.control.signals import Reason
+
+if TYPE_CHECKING:
+    from flowrt.control.runtime import Runtime
+
+# what the hot path compares with (the compiled core holds them as C values: delivery.pxd)
+CALLER, DIRECT, JOIN = _program.CALLER, _program.DIRECT, _program.JOIN
+ORDERED_STREAM = _program.ORDERED_STREAM
+WAITING, FIRED = _bucket.WAITING, _bucket.FIRED
+EMPTY, ERROR, CANCEL = Reason.EMPTY, Reason.ERROR, Reason.CANCEL
+
+
+class Delivery:
+    def __init__(self, runtime: Runtime, program: GraphProgram, inputs: dict[str, Any], session: str, call_id: int):
+        self.runtime = runtime
+        self.program = program
+        self.graph = program.name
+        self.inputs = inputs
+        self.session = session
+        self.call_id = call_id
+        self.loop = asyncio.get_running_loop()
+        self.custom_tasks = self.loop.get_task_factory() is not None
+        self.outbox: deque[dict | None] = deque()  # events for the caller; None ends the call
+        self.waiter: asyncio.Future | None = None  # the caller, waiting for an event
+        self.errors: list[dict[str, str]] = []
+        self.buckets: dict[tuple, Bucket] = {}
+        self.resolved: set[tuple] = set()  # keys of buckets that fired or died, so late signals are dropped
+        self.open_buckets = [0] * len(program.nodes)  # open buckets per node (join completion)
+        self.joins: dict[int, JoinState] = {}
+        self.joins_done: set[int] = set()
+        self.sequencers: dict[int, Sequencer] = {}
+        self.seen_unreachable: set[tuple] = set()
+        self.in_flight = 0  # activations scheduled, queued at a session node, or running
+        self.running = 0  # activations launched or waiting to be
+        self.running_by_node = [0] * len(program.nodes)
+        self.session_counters = [0] * len(program.nodes)
+        self.tasks: set[asyncio.Task] = set()
+        self.ready: list[Activation] = []  # fired, not yet launched (see the module's docstring)
+        self.eager_depth = 0
+        self.last_aid = 0
+        self.cancelled = False
+        self.cancel_reason = ""  # why it was cancelled: "timeout", "client gone", "shutdown"
+        self.ended = False  # the `done` event is out; every table of the call is empty
+        self.end_waiters: list[asyncio.Future] | None = None
+        # order: per ordered stream, the frames that came early (a heap by key); per order
+        # consumer, its work in flight (a heap by order bound, refreshed lazily); per session
+        # node some consumer's keys restart at, how much work that can reach it is alive
+        self.stream_held: list[list] = [[] for _ in program.streams]
+        self.order_heaps: list[list] = [[] for _ in program.consumers]
+        self.order_waiting: set[OrderConsumer] = set()  # consumers holding frames or activations
+        self.alive = [0] * len(program.resets)
+        self.tickets = 0  # tie-breaks in the heaps: equal keys go in arrival order
+        self.producer: Activation | None = None  # the activation whose frame is being dispatched
+        self.outbox_waiters: list[Activation] = []  # activations waiting for the caller to take events
+        self.returned: set[str] = set()
+        self.errored: set[str] = set()
+
+    def _aid(self) -> int:
+        self.last_aid += 1
+        return self.last_aid
+
+    def _ticket(self) -> int:
+        self.tickets += 1
+        return self.tickets
+
+    # ── inbound: the three signals ──
+
+    def _arrive(self, edge: Edge, key: tuple, value: Any, roots: tuple, order: tuple) -> None:
+        """ARRIVED at a bucket or stream slot."""
+        bucket_key = (edge.node.index, edge.group.index, key)
+        bucket = self._bucket(edge, bucket_key, roots)
+        if bucket is None:
+            return
+        before = bucket.order
+        outcome = bucket.arrived(edge.slot, value, order)
+        if bucket.order is not before:  # its activation's key can now be this small
+            for consumer in edge.node.bucket_feeds:
+                heappush(self.order_heaps[consumer.index], (bucket.order, self._ticket(), bucket))
+        if outcome != WAITING:
+            self._close_bucket(edge, bucket_key, bucket, outcome)
+
+    def _end(self, edge: Edge, key: tuple) -> None:
+        """SLOT_EOS: the stream feeding a stream slot ended after delivering frames."""
+        bucket_key = (edge.node.index, edge.group.index, key)
+        bucket = self.buckets.get(bucket_key)
+        if bucket is None:
+            return  # frames came, so the bucket existed: it has resolved since
+        outcome = bucket.ended(edge.slot)
+        if outcome != WAITING:
+            self._close_bucket(edge, bucket_key, bucket, outcome)
+
+    def _unreachable(self, edge: Edge, key: tuple, roots: tuple, reason: Reason, origin: tuple | None) -> None:
+        kind = edge.kind
+        if kind == CALLER:
+            if reason is ERROR or reason is CANCEL:
+                self.errored.add(edge.field)
+            return
+        if kind == JOIN:
+            return  # a join counts arrivals only; `all` fields end with their upstream
+        node = edge.node
+        group = edge.group
+        if node.in_cycle and origin is not None:
+            dedup = (origin, node.index, group.index, edge.slot)
+            if dedup in self.seen_unreachable:
+                return
+            self.seen_unreachable.add(dedup)
+        if kind == DIRECT:
+            # one slot filled by one frame: the bucket would die on this very signal
+            self._dead(node, roots, reason, origin)
+            return
+        bucket_key = (node.index, group.index, key)
+        bucket = self._bucket(edge, bucket_key, roots)
+        if bucket is None:
+            return
+        outcome = bucket.unreachable(edge.slot, reason, origin)
+        if outcome != WAITING:
+            self._close_bucket(edge, bucket_key, bucket, outcome)
+
+    def _bucket(self, edge: Edge, bucket_key: tuple, roots: tuple) -> Bucket | None:
+        """The open bucket of `bucket_key`, opened by this signal if need be; None once it fired
+        or died (a critical slot can end it early), so late signals are dropped."""
+        bucket = self.buckets.get(bucket_key)
+        if bucket is None and bucket_key not in self.resolved:
+            node = edge.node
+            bucket = self.buckets[bucket_key] = Bucket(edge.group, roots)
+            self.open_buckets[node.index] += 1
+            for reset in node.reset_counters:
+                self.alive[reset] += 1
+        return bucket
+
+    def _close_bucket(self, edge: Edge, bucket_key: tuple, bucket: Bucket, outcome: int) -> None:
+        del self.buckets[bucket_key]
+        self.resolved.add(bucket_key)
+        bucket.closed = True
+        node = edge.node
+        self.open_buckets[node.index] -= 1
+        for reset in node.reset_counters:
+            self.alive[reset] -= 1
+        if outcome == FIRED:
+            self._schedule(Activation(node, edge.group.index, self._aid(), bucket.inputs(), bucket.roots, bucket.order))
+        else:
+            self._dead(node, bucket.roots, bucket.reason or EMPTY, bucket.origin)
+
+    def _dead(self, node: NodeProgram, roots: tuple, reason: Reason, origin: tuple | None) -> None:
+        """A group that will not fire for this key: its activation becomes a phantom."""
+        self.in_flight += 1
+        aid = self._aid()
+        self._dispatch_phantom(node, aid, roots, reason, origin or (node.index, aid))
+        self._activation_done(node, None)
+
+    # ── joins ──
+
+    def _join_arrived(self, node: NodeProgram, name: str, value: Any) -> None:
+        state = self.joins.get(node.index)
+        if state is None:
+            state = self.joins[node.index] = JoinState()
+        if not state.fired:
+            values = state.values.get(name)
+            if values is None:
+                state.values[name] = [value]
+            else:
+                values.append(value)
+            self._try_join(node, False)
+
+    def _try_join(self, node: NodeProgram, final: bool) -> bool:
+        state = self.joins.get(node.index)
+        if state is None:
+            if not final:
+                return False
+            state = self.joins[node.index] = JoinState()
+        if state.fired or node.index in self.joins_done:
+            return False
+        # counts first (cheap); `all` fields only then: their upstream must have nothing running or pending
+        complete = counts_met(node, state) and (final or self._all_fields_ended(node))
+        if not complete:
+            if final:
+                del self.joins[node.index]
+                self._join_resolved(node)
+                self._dead(node, (), ERROR if self.errors else EMPTY, None)
+                return True
+            return False
+        state.fired = True
+        self._join_resolved(node)
+        # a counted field passes exactly its first N frames; `all` passes every frame
+        inputs = {j.field: list(state.values.get(j.field, ()))[: j.threshold] for j in node.join or ()}
+        self._schedule(Activation(node, 0, self._aid(), inputs, (), ()))  # one per call: the empty key
+        return True
+
+    def _join_resolved(self, node: NodeProgram) -> None:
+        self.joins_done.add(node.index)
+        for reset in node.reset_counters:
+            self.alive[reset] -= 1
+
+    def _all_fields_ended(self, node: NodeProgram) -> bool:
+        running = self.running_by_node
+        buckets = self.open_buckets
+        for join in node.join or ():
+            if join.threshold is None:
+                for upstream in join.upstream:
+                    if running[upstream] or buckets[upstream]:
+                        return False
+        return True
+
+    # ── the caller and order ──
+
+    def _emit(self, event: dict | None) -> None:
+        self.outbox.append(event)
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _caller_arrived(self, edge: Edge, value: Any, order: tuple) -> None:
+        stream = edge.stream
+        if stream >= 0:
+            if not edge.ordered:
+                self._emit({"event": "stream", "field": edge.field, "value": value})
+            else:
+                consumer = self.program.stream_consumers[stream]
+                held = self.stream_held[stream]
+                if held:
+                    self._hold(consumer, held, order, value)
+                else:  # usually the frame is next: nothing in flight can bring a smaller key
+                    bound = self._lower_bound(consumer)
+                    if bound is None or order <= bound:
+                        self._emit({"event": "stream", "field": edge.field, "value": value})
+                    else:
+                        self._hold(consumer, held, order, value)
+        if edge.returned and edge.field not in self.returned:
+            self.returned.add(edge.field)
+            self._emit({"event": "return", "field": edge.field, "value": value})
+
+    def _lower_bound(self, consumer: OrderConsumer) -> tuple | None:
+        """The smallest order key a frame can still reach `consumer` with; None if none can.
+
+        A join not yet resolved can (its activation has the empty key); so can a session node
+        some alive work can reach (its next output counter), and the activations and open
+        buckets of the nodes that keep or extend keys on the way (their `order_bound`, kept in
+        a heap refreshed lazily: a bound only grows, but an entry may be stale)."""
+        done = self.joins_done
+        for join in consumer.join_resets:
+            if join not in done:
+                return ()
+        bound = None
+        counters = self.session_counters
+        resets = self.program.resets
+        for reset in consumer.session_resets:
+            if self.alive[reset]:
+                key = (counters[resets[reset]],)
+                if bound is None or key < bound:
+                    bound = key
+        heap = self.order_heaps[consumer.index]
+        while heap:
+            entry = heap[0]
+            unit = entry[2]
+            current = unit.order_bound()
+            if current is None:
+                heappop(heap)
+            elif current != entry[0]:
+                heapreplace(heap, (current, self._ticket(), unit))
+            else:
+                if bound is None or current < bound:
+                    bound = current
+                break
+        return bound
+
+    def _reorder(self) -> None:
+        """Let through whatever waits for order and may go now."""
+        for consumer in list(self.order_waiting):
+            if consumer.kind == ORDERED_STREAM:
+                self._release_stream(consumer)
+            else:
+                self._release_session(consumer)
+
+    def _hold(self, consumer: OrderConsumer, held: list, order: tuple, value: Any) -> None:
+        heappush(held, (order, self._ticket(), value))
+        self.order_waiting.add(consumer)
+        self._release_stream(consumer)
+
+    def _release_stream(self, consumer: OrderConsumer) -> None:
+        held = self.stream_held[consumer.target]
+        bound = self._lower_bound(consumer)
+        name = self.program.streams[consumer.target][0]
+        while held and (bound is None or held[0][0] <= bound):
+            self._emit({"event": "stream", "field": name, "value": heappop(held)[2]})
+        if not held:
+            self.order_waiting.discard(consumer)
+
+    def _release_session(self, consumer: OrderConsumer) -> None:
+        sequencer = self.sequencers[consumer.target]
+        if not sequencer.busy:
+            self._spawn(sequencer.release(self._lower_bound(consumer)))
+        if not sequencer.held:
+            self.order_waiting.discard(consumer)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "buckets": len(self.buckets),
+            "resolved_keys": len(self.resolved),
+            "joins": len(self.joins),
+            "sequencers": len(self.sequencers),
+            "tasks": len(self.tasks),
+            "unlaunched": len(self.ready),
+            "in_flight": self.in_flight,
+            "running": self.running,
+            "unreachable_dedup": len(self.seen_unreachable),
+            "held_for_order": sum(map(len, self.stream_held)) + sum(s.waiting() for s in self.sequencers.values()),
+            "undelivered_events": len(self.outbox),
+            "waiting_for_room": len(self.outbox_waiters),
+        }
+
+    # ── what the subclass (flowrt.control.call.Call) implements ──
+
+    def _schedule(self, act: Activation) -> None:
+        raise NotImplementedError
+
+    def _spawn(self, act: Activation | None) -> None:
+        raise NotImplementedError
+
+    def _dispatch_phantom(self, node: NodeProgram, aid: int, roots: tuple, reason: Reason, origin: tuple) -> None:
+        raise NotImplementedError
+
+    def _activation_done(self, node: NodeProgram, act: Activation | None) -> None:
+        raise NotImplementedError
+
+
+def counts_met(node: NodeProgram, state: JoinState) -> bool:
+    for join in node.join or ():
+        if join.threshold is not None and len(state.values.get(join.field, ())) < join.threshold:
+            return False
+    return True
