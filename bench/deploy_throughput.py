@@ -35,37 +35,18 @@ REPO = Path(__file__).resolve().parent.parent
 TOKENS_PER_SEGMENT = 16
 REQUEST = {"segments": [{"type": "text", "text": "draw a red cat"}, {"type": "image", "width": 64, "height": 48}]}
 
-NOOP_ROLES = """
-class Frontend:
-    async def parse(self, ctx, request):
-        for segment in request["segments"]:
-            yield {"text_seg": segment} if segment["type"] == "text" else {"image_seg": segment}
+ROLE_CLASSES = ("Frontend", "Embed", "Vit", "Vae", "Llm", "Dit")
 
-class Embed:
-    async def encode(self, ctx, text_seg):
-        return {"txt_emb": 1}
 
-class Vit:
-    async def encode(self, ctx, image_seg):
-        return {"vit_emb": 1}
+def noop_roles() -> str:
+    """The no-op roles of bench/control_overhead.py as a module replica processes can import."""
+    import inspect
 
-class Vae:
-    async def encode(self, ctx, image_seg):
-        return {"vae_lat": 1}
+    sys.path.insert(0, str(REPO / "bench"))
+    import control_overhead
 
-    async def decode(self, ctx, latent):
-        return {"image": 1}
-
-class Llm:
-    async def generate(self, ctx, txt_emb=None, vit_emb=None, vae_lat=None):
-        for i in range(16):
-            yield {"token": i}
-        yield {"hidden": 1}
-
-class Dit:
-    async def denoise(self, ctx, hidden, vit_emb, vae_lat):
-        return {"latent": 1}
-"""
+    classes = "\n\n".join(inspect.getsource(getattr(control_overhead, name)) for name in ROLE_CLASSES)
+    return f"TOKENS_PER_SEGMENT = {control_overhead.TOKENS_PER_SEGMENT}\n\n{classes}"
 
 
 def build(directory: Path) -> Path:
@@ -75,7 +56,7 @@ def build(directory: Path) -> Path:
     text = (REPO / "examples/image_chat/pipeline.flow").read_text().replace('impl "image_chat.roles:', 'impl "noop_roles:')
     source = directory / "pipeline.flow"
     source.write_text(text)
-    (directory / "noop_roles.py").write_text(NOOP_ROLES)
+    (directory / "noop_roles.py").write_text(noop_roles())
     out = directory / "bundle"
     build_bundle(check_file(source).program, source, out).write(out)
     return out
