@@ -71,7 +71,7 @@ async def assert_clean_everywhere(deployment) -> None:
     for key in ("calls", "queued_calls", "busy_replicas", "remote_activations"):
         assert stats.get(key, 0) == 0, (key, stats)
     for name, process in stats.get("processes", {}).items():
-        assert process == {"running": 0, "held_globals": 0}, (name, process)
+        assert process == {"running": 0, "tracked": 0}, (name, process)
 
 
 def free_port() -> int:

@@ -152,7 +152,7 @@ class Remote:
             if kind is m.Stats:
                 probe = self.probes.pop(message.token, None)
                 if probe is not None and not probe.done():
-                    probe.set_result({"running": message.running, "held_globals": message.held_globals})
+                    probe.set_result({"running": message.running, "tracked": message.tracked})
                 return
             pending = link.pending.get(message.act)
             if pending is None:

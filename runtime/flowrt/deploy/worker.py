@@ -218,7 +218,8 @@ class Replica:
                 self.cancelled.add(message.act)
                 task.cancel()
         elif kind is m.Probe:
-            self.send(peer, m.Stats(m.VERSION, message.token, len(self.tasks), 0), bare=True)
+            tracked = len(self.credits) + len(self.credit_waiters) + len(self.cancelled)
+            self.send(peer, m.Stats(m.VERSION, message.token, len(self.tasks), tracked), bare=True)
         elif kind is m.Stop:
             self.stopping.set()
 

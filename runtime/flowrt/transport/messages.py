@@ -86,7 +86,7 @@ class Cancelled(Message, tag="cancelled"):
 class Stats(Message, tag="stats"):
     token: int
     running: int
-    held_globals: int
+    tracked: int  # per-activation entries kept (credits, waiters, cancels): 0 once none runs
 
 
 # ── replica → registry ──
