@@ -117,6 +117,7 @@ def test_the_bundle_guide_describes_this_release():
     bundle = (REPO / "docs/bundle.md").read_text(encoding="utf-8")
     assert "serving them (`flowc run`) and the Ray launcher come next" not in bundle
     assert "`flowc run DIR`" in bundle and "docs/runtime.md" in bundle
+    assert "--deploy local|ray" in bundle and "docs/deploy.md" in bundle
 
 
 def test_the_stream_bounds_the_runtime_guide_states_are_the_runtimes():
