@@ -405,9 +405,7 @@ def _prepare_output(out: Path) -> None:
 @click.option(
     "--heartbeat-ttl",
     metavar="SECONDS",
-    default="3",
-    show_default=True,
-    help="local/ray: a replica not heard from for this long is dropped (its calls end with an error) and restarted.",
+    help="local/ray: a replica not heard from for this long is dropped (its calls end with an error) and restarted [default: 3].",
 )
 @click.option("--debug", "run_debug", is_flag=True, help="Log debug records and full tracebacks (as `flowc --debug run`).")
 @_color_option
@@ -425,12 +423,13 @@ def run(
     max_body_mb: str,
     deploy: str,
     registry: str | None,
-    heartbeat_ttl: str,
+    heartbeat_ttl: str | None,
     run_debug: bool,
     color: bool | None,
 ) -> None:
     """Serve a bundle (a directory from `flowc build`) or a .flow file (built to a temporary
-    bundle first) over HTTP on the embedded runtime, or call one graph with --once.
+    bundle first) over HTTP, or call one graph with --once; --deploy picks where the roles run
+    (this process, one process per replica, or Ray actors: docs/deploy.md).
 
     \b
     Serving (docs/runtime.md, "Serving"): POST /graphs/GRAPH with a JSON object of entry values

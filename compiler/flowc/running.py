@@ -63,7 +63,7 @@ def option_value(check: Any, name: str, value: Any) -> Any:
         raise Refused(f"{name}: {error}") from None
 
 
-def placement(deploy: str, registry: str | None, heartbeat_ttl: str) -> dict:
+def placement(deploy: str, registry: str | None, heartbeat_ttl: str | None) -> dict:
     """`--deploy`, `--registry` and `--heartbeat-ttl`, checked, as open_deployment's arguments."""
     from flowrt import options
     from flowrt.deploy.launch import parse_deploy
@@ -77,10 +77,11 @@ def placement(deploy: str, registry: str | None, heartbeat_ttl: str) -> dict:
         registry = parse_registry(registry)
     except RegistryError as error:
         raise Refused(str(error)) from None
-    if registry is not None and kind == "inproc":
-        raise Refused("--registry is for --deploy local or ray; add --deploy local, or leave --registry out")
+    for name, given in (("--registry", registry), ("--heartbeat-ttl", heartbeat_ttl)):
+        if given is not None and kind == "inproc":
+            raise Refused(f"{name} is for --deploy local or ray; add --deploy local, or leave {name} out")
     ttl = option_value(options.timeout_seconds, "--heartbeat-ttl", heartbeat_ttl)
-    return {"deploy": deploy, "registry": registry, "heartbeat_ttl": ttl}
+    return {"deploy": deploy, "registry": registry} | ({"heartbeat_ttl": ttl} if ttl is not None else {})
 
 
 class _Signals:
@@ -163,7 +164,7 @@ def serve_bundle(
 ) -> None:
     """Serve over HTTP until SIGINT or SIGTERM."""
     try:
-        from flowrt.deploy.serving import CannotListen, serve
+        from flowrt.deploy.serving import CannotListen, Stopped, serve
         from flowrt.gateway import parse_address
     except ImportError as error:
         raise click.ClickException(f"serving needs aiohttp ({error}); reinstall flowc: pip install flowc") from None
@@ -188,5 +189,8 @@ def serve_bundle(
         )
     except CannotListen as error:
         raise Refused(str(error)) from None
+    except Stopped as stopped:
+        print(f"flowc: {stopped}", file=sys.stderr)
+        sys.exit(128 + stopped.signum)
     except FlowrtError as error:
         raise Refused(str(error)) from None

@@ -87,3 +87,51 @@ def test_launch_serves_the_bundle_with_one_process_per_replica(tmp_path):
         assert stats["replicas_up"] == 3 and set(stats["processes"]) == {"front/0", "worker/0", "worker/1"}
         assert len(workers_of(bundle)) == 3
     assert workers_of(bundle) == []
+
+
+def test_a_signal_while_the_deployment_starts_stops_it_cleanly(tmp_path):
+    import os
+    import signal
+    import time
+
+    slow_setup = ROLES.replace(
+        "class Worker:", "class Worker:\n    async def setup(self, ctx):\n        await asyncio.sleep(30)\n"
+    )
+    bundle = bundle_with_roles(FLOW, slow_setup, tmp_path)
+    sockets = tmp_path / "sockets"
+    sockets.mkdir()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "flowc", "run", str(bundle), "--deploy", "local", "--http", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FLOWRT_SOCKET_DIR": str(sockets)},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(workers_of(bundle)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(workers_of(bundle)) == 3
+        server.send_signal(signal.SIGTERM)
+        _, err = server.communicate(timeout=30)
+        assert server.returncode == 143
+        assert err.strip().splitlines()[-1] == "flowc: SIGTERM: stopped while starting"
+        assert workers_of(bundle) == []
+        assert list(sockets.iterdir()) == []
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+
+
+def test_deploy_options_that_cannot_work_are_refused_in_one_line(tmp_path):
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+    port = free_port()
+    ray = flowc("run", str(bundle), "--deploy", f"ray=127.0.0.1:{port}", "--once", "g", "--input", '{"request": 1}')
+    assert ray.returncode == 2
+    assert ray.stderr.strip().splitlines()[-1].startswith(f"Error: cannot reach the Ray cluster at 127.0.0.1:{port}")
+    ttl = flowc("run", str(bundle), "--heartbeat-ttl", "5", "--once", "g", "--input", '{"request": 1}')
+    assert ttl.returncode == 2 and "--heartbeat-ttl is for --deploy local or ray" in ttl.stderr
+    for bad in ("0", "-1", "nan", "abc"):
+        result = flowc("run", str(bundle), "--deploy", "local", "--heartbeat-ttl", bad, "--once", "g")
+        assert result.returncode == 2 and "--heartbeat-ttl:" in result.stderr, (bad, result.stderr)

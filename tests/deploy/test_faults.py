@@ -259,7 +259,9 @@ def test_role_errors_read_the_same_under_inproc_and_local(tmp_path):
     messages = [end["errors"][0]["message"] if end["errors"] else "" for end in inproc]
     assert "ValueError: no such word" in messages[0]
     assert "must yield or return a dict" in messages[1] and "which its interface does not declare" in messages[2]
-    assert "timed out after 0.3s" in messages[3] and inproc[3]["errors"][0]["where"].endswith("roles.py:13")  # the line it waited at
+    assert "timed out after 0.3s" in messages[3] and inproc[3]["errors"][0]["where"].endswith(
+        "roles.py:13"
+    )  # the line it waited at
     assert inproc[4]["status"] == "ok"
 
 

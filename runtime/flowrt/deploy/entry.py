@@ -51,7 +51,9 @@ def main(path: Path, argv: list[str]) -> int:
     parser.add_argument(
         "--heartbeat-ttl", metavar="SECONDS", default="3", help="launch: drop a replica not heard from for this long (default: 3)"
     )
-    parser.add_argument("--http", metavar="HOST:PORT", default="127.0.0.1:8000", help="serve: where to listen")
+    parser.add_argument(
+        "--http", metavar="HOST:PORT", default="127.0.0.1:8000", help="serve, launch: where to listen (default: %(default)s)"
+    )
     parser.add_argument(
         "--session-ttl",
         metavar="SECONDS",
@@ -98,7 +100,7 @@ def main(path: Path, argv: list[str]) -> int:
 def _serve(path: Path, address: str, debug: bool, limits: dict) -> int:
     import asyncio
 
-    from flowrt.deploy.serving import serve
+    from flowrt.deploy.serving import Stopped, serve
     from flowrt.errors import FlowrtError
     from flowrt.gateway import parse_address
     from flowrt.logs import show_log
@@ -111,6 +113,9 @@ def _serve(path: Path, address: str, debug: bool, limits: dict) -> int:
     show_log(debug)
     try:
         asyncio.run(serve(path, host, port, debug=debug, **limits))
+    except Stopped as stopped:
+        print(f"flowrt: {stopped}", file=sys.stderr)
+        return 128 + stopped.signum
     except FlowrtError as error:  # a role that cannot be imported or set up, an address that is taken, a bad --deploy
         print(f"flowrt: {error}", file=sys.stderr)
         return 2 if limits["deploy"] != "inproc" else 1

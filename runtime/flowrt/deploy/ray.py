@@ -126,6 +126,7 @@ class RaySupervisor(LocalSupervisor):
             )
             self.owns_cluster = True
         else:
+            _reachable(self.address)
             try:
                 ray.init(address=self.address, configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as error:
@@ -286,3 +287,20 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _reachable(address: str) -> None:
+    """A cluster address of the HOST:PORT form must answer before Ray is asked to join it: Ray
+    would retry for ever, printing its own warnings."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
+    except OSError as error:
+        raise DeployError(
+            f"cannot reach the Ray cluster at {address} ({error.strerror or error}); check the address "
+            "(`ray status` on its head node prints it), or use --deploy ray to start a local cluster"
+        ) from None

@@ -25,6 +25,14 @@ class CannotListen(FlowrtError):
     """The address is taken or not ours to bind."""
 
 
+class Stopped(FlowrtError):
+    """SIGINT or SIGTERM arrived while the deployment was starting: it was stopped and cleaned up."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"{signal.Signals(signum).name}: stopped while starting")
+        self.signum = signum
+
+
 async def serve(
     bundle_dir: Path,
     host: str,
@@ -39,16 +47,36 @@ async def serve(
     debug: bool = False,
 ) -> None:
     """Serve until SIGINT or SIGTERM; prints `serving NAME on http://HOST:PORT` once listening.
-    `deploy`, `registry` and `heartbeat_ttl` pick where the roles run (flowrt.deploy)."""
-    deployment = await open_deployment(
-        bundle_dir,
-        deploy,
-        registry=registry,
-        heartbeat_ttl=heartbeat_ttl or DEFAULT_HEARTBEAT_TTL,
-        session_ttl=session_ttl,
-        max_sessions=max_sessions,
-        debug=debug,
-    )
+    `deploy`, `registry` and `heartbeat_ttl` pick where the roles run (flowrt.deploy). A signal
+    while the deployment starts stops it there (its processes and sockets cleaned up): Stopped."""
+    stop = asyncio.Event()
+    received: list[int] = []
+    starting = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        stop.set()
+        if starting is not None:
+            starting.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        deployment = await open_deployment(
+            bundle_dir,
+            deploy,
+            registry=registry,
+            heartbeat_ttl=heartbeat_ttl or DEFAULT_HEARTBEAT_TTL,
+            session_ttl=session_ttl,
+            max_sessions=max_sessions,
+            debug=debug,
+        )
+    except asyncio.CancelledError:
+        if not received:
+            raise
+        raise Stopped(received[0]) from None
+    starting = None
     runtime = deployment.runtime
     runner = web.AppRunner(
         application(runtime, max_body_mb, deployment if deployment.supervisor is not None else None),
@@ -66,10 +94,6 @@ async def serve(
             ) from None
         bound_host, bound_port = runner.addresses[0][:2]
         print(f"serving {runtime.bundle.name} on http://{bound_host}:{bound_port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
         await stop.wait()
         print("stopping: cancelling the calls in flight", file=sys.stderr, flush=True)
         await runtime.close()  # every stream ends with its `done` event before connections close
