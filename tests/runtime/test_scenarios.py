@@ -927,3 +927,31 @@ def test_a_stream_slot_closed_empty_first_keeps_the_frames_roots(tmp_path):
         assert_clean(rt)
 
     run(main())
+
+
+def test_a_request_that_reaches_nothing_ends_without_a_false_alarm(tmp_path):
+    """image_chat with no segments: the frontend yields nothing, the DiT's join resolves empty
+    and its phantom kills the decode downstream, inside the same step. The call ends `ok` with
+    `image` missing, and no "flowrt bug" is logged on the way (nested phantoms hold the call)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    bundle = tmp_path / "chat"
+    subprocess.run(
+        [sys.executable, "-m", "flowc", "build", "examples/image_chat/pipeline.flow", "-o", str(bundle)],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "flowc", "run", str(bundle), "--once", "chat", "--input", json.dumps({"request": {"segments": []}})],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert json.loads(result.stdout.splitlines()[-1]) == {"event": "done", "status": "ok", "errors": [], "missing": ["image"]}
+    assert "flowrt bug" not in result.stderr, result.stderr

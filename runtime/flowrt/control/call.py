@@ -93,7 +93,7 @@ class Call(Delivery):
                 return
         if self.in_flight == 0:
             self._finish()
-        elif self.running == 0:
+        elif self.running == 0 and self.phantoms == 0:  # (a phantom being dispatched ends as the step returns)
             self._unblock()
 
     def _fed(self, join: NodeProgram) -> bool:

@@ -15,7 +15,7 @@ cdef class Delivery:
     cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop
     cdef public GraphProgram program
     cdef public str graph
-    cdef public Py_ssize_t call_id, in_flight, running, eager_depth, last_aid, tickets
+    cdef public Py_ssize_t call_id, in_flight, running, phantoms, eager_depth, last_aid, tickets
     cdef public list errors, open_buckets, running_by_node, session_counters, ready, stream_held, order_heaps, alive
     cdef public dict buckets, joins, sequencers
     cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored, order_waiting

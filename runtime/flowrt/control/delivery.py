@@ -62,6 +62,7 @@ class Delivery:
         self.seen_unreachable: set[tuple] = set()
         self.in_flight = 0  # activations scheduled, queued at a session node, or running
         self.running = 0  # activations launched or waiting to be
+        self.phantoms = 0  # phantoms being dispatched now (nested: one's dispatch may kill the next group)
         self.running_by_node = [0] * len(program.nodes)
         self.session_counters = [0] * len(program.nodes)
         self.tasks: set[asyncio.Task] = set()
@@ -174,8 +175,10 @@ class Delivery:
     def _dead(self, node: NodeProgram, roots: tuple, reason: Reason, origin: tuple | None) -> None:
         """A group that will not fire for this key: its activation becomes a phantom."""
         self.in_flight += 1
+        self.phantoms += 1  # while it dispatches, the call is not idle, whatever `running` says
         aid = self._aid()
         self._dispatch_phantom(node, aid, roots, reason, origin or (node.index, aid))
+        self.phantoms -= 1
         self._activation_done(node, None)
 
     # ── joins ──
