@@ -25,10 +25,12 @@ def workers_of(bundle: Path) -> list[int]:
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-                state = (entry / "stat").read_text().split()[2]
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                environ = (entry / "environ").read_bytes().decode(errors="replace") if "flowrt.deploy.worker" in cmdline else ""
             except OSError:
                 continue
-            if "flowrt.deploy.worker" in cmdline and str(bundle.resolve()) in cmdline and state != "Z":
+            # (a replica's configuration, the bundle's path in it, is in its environment, not on its command line)
+            if "flowrt.deploy.worker" in cmdline and str(bundle.resolve()) in environ and state != "Z":
                 found.append(int(entry.name))
     return found
 
@@ -98,8 +100,10 @@ def test_a_signal_while_the_deployment_starts_stops_it_cleanly(tmp_path):
         "class Worker:", "class Worker:\n    async def setup(self, ctx):\n        await asyncio.sleep(30)\n"
     )
     bundle = bundle_with_roles(FLOW, slow_setup, tmp_path)
-    sockets = tmp_path / "sockets"
-    sockets.mkdir()
+    import shutil
+    import tempfile
+
+    sockets = Path(tempfile.mkdtemp(prefix="fs", dir="/tmp"))  # short: socket paths have a length limit
     server = subprocess.Popen(
         [sys.executable, "-m", "flowc", "run", str(bundle), "--deploy", "local", "--http", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
@@ -122,6 +126,7 @@ def test_a_signal_while_the_deployment_starts_stops_it_cleanly(tmp_path):
         if server.poll() is None:
             server.kill()
             server.communicate()
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 def test_deploy_options_that_cannot_work_are_refused_in_one_line(tmp_path):

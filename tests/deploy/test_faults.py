@@ -163,6 +163,9 @@ def test_a_role_that_never_answers_times_out_and_is_stopped_in_its_process(tmp_p
     asyncio.run(main())
 
 
+NOT_UTF8 = b"\x98\xa9\xffeartbeat\x01\xa1x\x00\xa1i\x00\x00\x00"
+
+
 def test_garbage_on_the_sockets_is_logged_and_dropped(tmp_path, capfd, caplog):
     bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
 
@@ -184,14 +187,18 @@ def test_garbage_on_the_sockets_is_logged_and_dropped(tmp_path, capfd, caplog):
                     [m.encode(m.Start(99, 1, 1, "s", "g", "run", False))],  # another protocol version
                     [start],  # no payload
                     [start, b"\x80\x05truncated"],
+                    [NOT_UTF8],  # msgpack that decodes to a string that is not UTF-8
                 ):
                     await replica.send_multipart(frames)
                 await registry.send(b"\xff\xfe not a registration")
+                await registry.send(NOT_UTF8)
                 await registry.send(m.encode(m.Heartbeat(m.VERSION, "nobody", 0, "x", 0, 0, 0)))
                 for _ in range(3):
                     events = await calls(deployment.runtime, "g", {"request": {"n": 1}})
                     assert events[-1]["status"] == "ok"
-                await wait_for(lambda: supervisor.source.garbage == 1, 5, "the registry's garbage counted")
+                await wait_for(lambda: supervisor.source.garbage == 2, 5, "the registry's garbage counted")
+                beats = supervisor.directory.records[("worker", 0)].beats
+                await wait_for(lambda: supervisor.directory.records[("worker", 0)].beats > beats, 5, "the registry still reads")
                 replica.close(0)
                 registry.close(0)
             finally:
@@ -200,7 +207,8 @@ def test_garbage_on_the_sockets_is_logged_and_dropped(tmp_path, capfd, caplog):
 
     asyncio.run(main())
     err = capfd.readouterr().err
-    assert err.count("replica 0 of role `worker`: dropped") == 5, err
+    assert err.count("replica 0 of role `worker`: dropped") == 6, err
+    assert "Traceback" not in err
     assert "registry: dropped a message that is not a registry message" in caplog.text  # (the gateway's own log)
 
 

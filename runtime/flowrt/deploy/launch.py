@@ -24,14 +24,15 @@ from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 from flowrt.registry import DEFAULT_HEARTBEAT_TTL, RegistryError, parse_registry
 
 DEPLOYS = ("inproc", "local", "ray")
+MIN_HEARTBEAT_TTL = 0.3  # seconds: a heartbeat every 0.1 s at the most
 
 __all__ = ["DEPLOYS", "DeployError", "Deployment", "open_deployment", "parse_deploy"]
 
 
 def parse_deploy(text: str) -> tuple[str, str | None]:
     """`inproc`, `local`, `ray` or `ray=ADDRESS` → (kind, address); ValueError naming the forms."""
-    kind, _, address = text.partition("=")
-    if kind not in DEPLOYS or (address and kind != "ray") or (kind == "ray" and "=" in text and not address):
+    kind, equals, address = text.partition("=")
+    if kind not in DEPLOYS or (equals and kind != "ray") or (kind == "ray" and equals and not address):
         raise ValueError(f"expected inproc, local, ray or ray=ADDRESS, not {text!r}")
     return kind, address or None
 
@@ -76,6 +77,10 @@ async def open_deployment(
         registry = parse_registry(registry)
     except RegistryError as error:
         raise DeployError(str(error)) from None
+    if heartbeat_ttl < MIN_HEARTBEAT_TTL:
+        raise DeployError(
+            f"--heartbeat-ttl {heartbeat_ttl:g}: a replica renews its heartbeat every third of it; give at least {MIN_HEARTBEAT_TTL:g}s"
+        )
     if kind == "inproc":
         if registry is not None:
             raise DeployError("--registry is for --deploy local or ray (an inproc runtime has no replicas to register)")

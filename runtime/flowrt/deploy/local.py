@@ -38,6 +38,8 @@ FIRST_BACKOFF = 0.25
 MAX_BACKOFF = 5.0
 START_TIMEOUT = 120.0  # seconds for every replica to import, construct, set up and register
 STOP_GRACE = 3.0
+RELAY_LINE = 1 << 20  # stderr lines longer than this are relayed in pieces
+CONFIG_ENV = "FLOWRT_REPLICA_CONFIG"
 log = logging.getLogger("flowrt.deploy")
 
 
@@ -107,7 +109,13 @@ class LocalSupervisor:
         return [(name, i) for name, spec in roles for i in range(spec.replicas)]
 
     async def start(self) -> None:
-        self.directory_path = private_dir()
+        try:
+            self.directory_path = private_dir()
+        except OSError as error:
+            raise DeployError(
+                f"cannot make the deployment's socket directory ({error.strerror or error}: {error.filename}); "
+                "set FLOWRT_SOCKET_DIR to a writable directory"
+            ) from None
         expected = self.expected()
         self.failed_start = asyncio.get_running_loop().create_future()
         try:
@@ -122,6 +130,9 @@ class LocalSupervisor:
                 await self._spawn(process)
             await self._wait_all_up(expected)
             self.failed_start = None  # from now on an exit is a restart, not a failed start
+        except ValueError as error:  # a socket path too long for ipc
+            await self.close()
+            raise DeployError(str(error)) from None
         except BaseException:
             await self.close()
             raise
@@ -170,10 +181,13 @@ class LocalSupervisor:
             sys.executable,
             "-m",
             "flowrt.deploy.worker",
-            self._config(process),
+            f"{process.role}/{process.replica}",  # (what `ps` shows; the configuration, a Redis password in it, is in the environment)
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, CONFIG_ENV: self._config(process)},
+            start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor, which stops its replicas itself
+            limit=RELAY_LINE,
         )
         process.started += 1
         process.relay = asyncio.ensure_future(self._relay(process, process.proc))
@@ -186,7 +200,10 @@ class LocalSupervisor:
 
         assert proc.stderr is not None
         while True:
-            line = await proc.stderr.readline()
+            try:
+                line = await proc.stderr.readline()
+            except (ValueError, asyncio.LimitOverrunError):  # a line longer than RELAY_LINE: pass it on in pieces
+                line = await proc.stderr.read(RELAY_LINE)
             if not line:
                 return
             text = line.decode(errors="replace")
@@ -199,8 +216,14 @@ class LocalSupervisor:
     async def _watch(self, process: Process, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
         if process.relay is not None:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await process.relay
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # noqa: BLE001 - the relay's trouble must not stop the restart
+                log.warning(
+                    "the stderr of replica %d of role `%s` could not be relayed", process.replica, process.role, exc_info=True
+                )
         if self.stopping:
             return
         from flowrt.deploy.worker import STARTUP_FAILED
@@ -214,7 +237,8 @@ class LocalSupervisor:
             log.error("replica %d of role `%s` could not start again: %s", process.replica, process.role, process.last_error)
         if record is None and self.failed_start is not None and not self.failed_start.done():
             self.failed_start.set_result(
-                f"replica {process.replica} of role `{process.role}` exited while starting ({exit_text(code)}); see the log above"
+                f"replica {process.replica} of role `{process.role}` exited while starting ({exit_text(code)}); "
+                "what it wrote to stderr, if anything, is above"
             )
             return
         await self._restart(process)
@@ -224,13 +248,17 @@ class LocalSupervisor:
         process.restarts = [t for t in process.restarts if t > now - RESTART_WINDOW]
         if len(process.restarts) >= MAX_RESTARTS:
             log.error(
-                "replica %d of role `%s` failed %d times in %gs; not restarting it (calls use the other replicas)",
+                "replica %d of role `%s` failed %d times in %gs; trying again in %gs",
                 process.replica,
                 process.role,
                 MAX_RESTARTS,
                 RESTART_WINDOW,
+                RESTART_WINDOW,
             )
-            return
+            await asyncio.sleep(RESTART_WINDOW)  # (a cool-down: what it needs, Redis say, may be back by then)
+            process.restarts.clear()
+            if self.stopping:
+                return
         backoff = min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** len(process.restarts))
         process.restarts.append(now)
         log.warning("restarting replica %d of role `%s` in %gs", process.replica, process.role, backoff)

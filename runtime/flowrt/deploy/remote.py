@@ -171,8 +171,19 @@ class Remote:
             self._garbage(link, str(error))
             return
         except Exception as error:  # noqa: BLE001 - a payload that does not unpickle
-            self._garbage(link, f"a message whose payload cannot be read ({type(error).__name__}: {error})")
-            return
+            why = f"{type(error).__name__}: {error}"
+            self._garbage(link, f"a message whose payload cannot be read ({why})")
+            pending = link.pending.get(getattr(message, "act", -1))
+            if pending is None or pending.outcome is not None:
+                return
+            # its activation cannot go on without it: end it with an error naming the role
+            pending.outcome = (
+                "failed",
+                f"a frame of replica {link.record.replica} could not be read in the gateway ({why})",
+                "",
+                None,
+            )
+            link.send(m.Cancel(VERSION, pending.act))
         pending.wake()
 
     def _garbage(self, link: Link, why: str) -> None:

@@ -206,7 +206,8 @@ class Replica:
                 self._garbage(f"a start whose payload cannot be read ({type(error).__name__}: {error})")
                 return
             self.credits[message.act] = WINDOW
-            self.tasks[message.act] = asyncio.ensure_future(self._activation(peer, message, inputs, uses))
+            task = self.tasks[message.act] = asyncio.ensure_future(self._activation(peer, message, inputs, uses))
+            task.add_done_callback(lambda _, act=message.act, peer=peer: self._ended(act, peer))
         elif kind is m.Credit:
             self.credits[message.act] = self.credits.get(message.act, 0) + message.frames
             waiter = self.credit_waiters.pop(message.act, None)
@@ -222,6 +223,17 @@ class Replica:
             self.send(peer, m.Stats(m.VERSION, message.token, len(self.tasks), tracked), bare=True)
         elif kind is m.Stop:
             self.stopping.set()
+
+    def _ended(self, act: int, peer: bytes) -> None:
+        """An activation's task is done. One cancelled before its first step never ran its body,
+        so nothing was answered and nothing untracked: do both here."""
+        if act in self.cancelled:
+            self.cancelled.discard(act)
+            with contextlib.suppress(zmq.ZMQError):
+                self.send(peer, m.Cancelled(m.VERSION, act, ""), bare=True)
+        self.tasks.pop(act, None)
+        self.credits.pop(act, None)
+        self.credit_waiters.pop(act, None)
 
     def _garbage(self, why: str) -> None:
         self.garbage += 1
@@ -360,8 +372,12 @@ async def amain(config: dict) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    config = json.loads(argv[0])
+    """`python -m flowrt.deploy.worker ROLE/REPLICA`, its configuration in $FLOWRT_REPLICA_CONFIG
+    (JSON; the environment, unlike the command line, is not readable by other users)."""
+    config = json.loads(os.environ.pop("FLOWRT_REPLICA_CONFIG", "{}") or "{}")
+    if not config:
+        print("flowrt: this is a replica process of a deployment; `flowc run --deploy local` starts it", file=sys.stderr)
+        return 2
     if config.get("parent") and os.getppid() != config["parent"]:
         return STARTUP_FAILED  # the supervisor died before this process started
     _die_with_parent()
@@ -371,7 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     for entry in reversed(config.get("sys_path", [])):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    return asyncio.run(amain(config))
+    try:
+        return asyncio.run(amain(config))
+    except KeyboardInterrupt:  # (its own session: only a signal sent to it on purpose)
+        return 130
 
 
 if __name__ == "__main__":

@@ -35,21 +35,27 @@ class RegistryError(Exception):
 
 
 def parse_registry(url: str | None) -> str | None:
-    """None for the embedded registry, else the Redis URL, checked; RegistryError naming the form."""
+    """None for the embedded registry, else the Redis URL, checked; RegistryError naming the
+    form (with any password hidden)."""
     if url is None or url == "embedded":
         return None
     parts = urlsplit(url)
+    shown = shown_url(url)
     if parts.scheme not in ("redis", "rediss"):
-        raise RegistryError(f"--registry takes redis://[:PASSWORD@]HOST:PORT/DB or rediss://..., not {url!r}")
+        raise RegistryError(f"--registry takes redis://[:PASSWORD@]HOST:PORT/DB or rediss://..., not {shown!r}")
     try:
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        port = parts.port
     except ValueError:
-        raise RegistryError(f"--registry {url!r}: the port is not a number") from None
+        raise RegistryError(f"--registry {shown!r}: the port must be a number from 1 to 65535") from None
+    if port == 0:
+        raise RegistryError(f"--registry {shown!r}: the port must be a number from 1 to 65535")
     if not parts.hostname:
-        raise RegistryError(f"--registry {url!r} names no host; e.g. redis://127.0.0.1:6379/0")
+        raise RegistryError(f"--registry {shown!r} names no host; e.g. redis://127.0.0.1:6379/0")
     path = parts.path.strip("/")
     if path and not path.isdigit():
-        raise RegistryError(f"--registry {url!r}: the database must be a number, e.g. redis://127.0.0.1:6379/0")
+        raise RegistryError(f"--registry {shown!r}: the database must be a number, e.g. redis://127.0.0.1:6379/0")
+    if parts.query or parts.fragment:
+        raise RegistryError(f"--registry {shown!r}: leave out the ?query; the form is redis://[:PASSWORD@]HOST:PORT/DB")
     return url
 
 
@@ -58,8 +64,8 @@ def shown_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return parts._replace(netloc=netloc).geturl()
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{parts.username or ''}:***@{host}").geturl()
 
 
 async def redis_connection(url: str):
@@ -126,11 +132,13 @@ class EmbeddedSource:
             data = await self.socket.recv()
             try:
                 message = decode("registry", data)
+                self.directory.seen(message)
             except Garbage as error:
                 self.garbage += 1
                 log.warning("registry: dropped a message that is %s", error)
-                continue
-            self.directory.seen(message)
+            except Exception:  # noqa: BLE001 - the registry must outlive any one message
+                self.garbage += 1
+                log.exception("registry: dropped a message it could not take")
 
     async def poll(self) -> None:
         self.directory.sweep()
@@ -185,12 +193,11 @@ class RedisSource:
                 continue
             try:
                 record = _record_decoder.decode(value)
-            except (msgspec.DecodeError, msgspec.ValidationError) as error:
+                self.directory.seen(record.register)
+                self.directory.seen(record.heartbeat)
+            except Exception as error:  # noqa: BLE001 - whatever a foreign value holds, the registry goes on
                 self.garbage += 1
-                log.warning("registry: dropped a Redis record that is not a replica's (%s)", error)
-                continue
-            self.directory.seen(record.register)
-            self.directory.seen(record.heartbeat)
+                log.warning("registry: dropped a Redis record that is not a replica's (%s: %s)", type(error).__name__, error)
         if marker is not None:
             self.directory.sweep()
 

@@ -146,8 +146,8 @@ def decode(kind: str, data: bytes | memoryview) -> Message:
     receives, "registry"), or Garbage saying why not."""
     try:
         message = _decoders[kind].decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as error:
-        raise Garbage(f"not a {kind} message ({error})") from None
+    except Exception as error:  # noqa: BLE001 - msgspec's errors, and what bad bytes raise on the way (UnicodeDecodeError)
+        raise Garbage(f"not a {kind} message ({type(error).__name__}: {error})") from None
     if message.v != VERSION:
         raise Garbage(f"protocol version {message.v}, this flowrt speaks {VERSION}")
     return message

@@ -7,6 +7,7 @@ connect nor read. Across machines they use tcp:// on the address given.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -15,16 +16,45 @@ from pathlib import Path
 
 import zmq
 
+log = logging.getLogger("flowrt.transport")
+
 IPC_MAX = 100  # sun_path is 108 bytes on Linux, with room for the scheme's checks
 
 
-def private_dir(prefix: str = "flowrt-") -> Path:
+def private_dir() -> Path:
     """A new directory for a deployment's ipc sockets, 0700 (mkdtemp's mode), short enough
-    for socket paths."""
+    for socket paths, named after this process; directories of this user's deployments whose
+    process is gone (killed with -9: nothing could remove them) are removed first."""
     base = os.environ.get("FLOWRT_SOCKET_DIR") or ("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir())
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    _sweep(Path(base))
+    path = Path(tempfile.mkdtemp(prefix=f"flowrt-{os.getpid()}-", dir=base))
     os.chmod(path, 0o700)
     return path
+
+
+def _sweep(base: Path) -> None:
+    try:
+        entries = list(base.glob("flowrt-*-*"))
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name.split("-")[1]
+        try:
+            mine = entry.is_dir() and not entry.is_symlink() and entry.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def remove_dir(path: Path) -> None:
@@ -93,7 +123,10 @@ class Reader:
                 frames = recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            self.on_message(frames)
+            try:
+                self.on_message(frames)
+            except Exception:  # noqa: BLE001 - one message that breaks its handler must not strand the ones behind it
+                log.exception("dropped a message its handler could not take")
             if sock.closed:
                 return
 
