@@ -304,6 +304,19 @@ FOUND = {
         session=[True, True, True, True, True, True, False],
         replicas=[1] * 7,
     ),
+    # an ordered stream fed by two session nodes, r1 (streaming) and r4 (fed by r1, its frames
+    # also feeding a loop): while r4's frame was being dispatched, a reorder set off by its
+    # absent field saw r4's counter already past the frame and let r1's key (1,) out before
+    # r4's (0,) (found under --deploy local; the counter now advances once the frame is out)
+    "session-counter-mid-dispatch": Spec(
+        outputs=[["f0", "s0"], ["f1", "s1"], ["f2"], ["f3"], ["f4", "s1"]],
+        stream=[False, True, False, False, False],
+        groups=[[["request"]], [["f0", "s0"]], [["request"], ["f4"]], [["request"], ["s1"]], [["f1"]]],
+        join=None,
+        session=[True] * 5,
+        replicas=[1] * 5,
+        ordered=("s1",),
+    ),
     # an ordered session node with an open bucket of its own (`request & f0`, key ()): an
     # activation with a larger key must wait for it (flowrt ran it first)
     "session-node-own-bucket": Spec(

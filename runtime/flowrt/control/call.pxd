@@ -40,7 +40,6 @@ cdef class Call(Delivery):
     cdef _returned(self, Activation act, object frame, dict streams)
     cpdef taken(self)
     cdef _role_failed(self, Activation act, object error, object result)
-    @cython.locals(out=Py_ssize_t)
     cdef tuple _out_order(self, NodeProgram node, tuple order, Py_ssize_t yidx)
     @cython.locals(node=NodeProgram, route=Route, edge=Edge, kind=Py_ssize_t, order=tuple, key=tuple, roots=tuple, opened=tuple)
     cdef _dispatch_frame(self, Activation act, dict frame, Py_ssize_t yidx, dict streams)

@@ -422,10 +422,8 @@ class Call(Delivery):
 
     def _out_order(self, node: NodeProgram, order: tuple, yidx: int) -> tuple:
         """The order key of frame `yidx` of an activation of `node` whose own key is `order`."""
-        if node.session:  # session nodes re-number their frames 0, 1, ... per call
-            out = self.session_counters[node.index]
-            self.session_counters[node.index] = out + 1
-            return (out,)
+        if node.session:  # session nodes re-number their frames 0, 1, ... per call (counted once dispatched)
+            return (self.session_counters[node.index],)
         return order + (yidx,) if node.stream else order
 
     def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
@@ -459,6 +457,10 @@ class Call(Delivery):
                             streams[(edge, key)] = (False, roots)
                     else:
                         self._unreachable(edge, key, roots, EMPTY, (node.index, act.aid, yidx))
+        if node.session:
+            # only now may the node's next key be counted: a reorder set off while this frame's
+            # routes were dispatched (a phantom's, say) must still see this frame's key as to come
+            self.session_counters[node.index] += 1
 
     def _dispatch_phantom(self, node: NodeProgram, aid: int, roots: tuple, reason: Reason, origin: tuple) -> None:
         """An activation (or group) that produced nothing: every edge learns it is unreachable.
