@@ -1,10 +1,11 @@
 """flowrt.deploy: running a bundle as processes: the replica process (`worker`), the gateway's
-remote bindings (`remote`), the `local` supervisor and the `ray` launcher.
+remote bindings (`remote`), the `local` supervisor, the `ray` launcher, serving (`serving`)
+and `python -m BUNDLE` (`entry`).
 
-`open_runtime(path, deploy=...)` is the one entry point: `inproc` opens the embedded runtime,
-`local` and `ray` start the replicas elsewhere and give the same `Runtime` whose roles are
-proxies. It may import everything else in flowrt; nothing in flowrt imports it but the CLI and
-the gateway.
+`open_deployment(path, deploy=...)` is the one entry point (`launch`): `inproc` opens the
+embedded runtime, `local` and `ray` start the replicas elsewhere and give the same `Runtime`
+whose roles are proxies. It may import everything else in flowrt; nothing in flowrt imports it
+(the CLI does; the gateway gets a deployment's statistics through the object it is given).
 """
 
 from flowrt.deploy.launch import DeployError, Deployment, open_deployment, parse_deploy
