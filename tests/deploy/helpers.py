@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import textwrap
 from pathlib import Path
 
 from flowrt.deploy import open_deployment
+from flowrt.transport.sockets import alive
 from tests.runtime.harness import bundle_of
 
 
@@ -37,17 +37,6 @@ async def deployed(bundle: Path, deploy: str = "local", **options):
         if socket_dir is not None:
             assert not socket_dir.exists(), "the deployment's socket directory was left behind"
 
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead: /proc says so
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 async def calls(runtime, graph: str, inputs: dict, **kwargs) -> list[dict]:

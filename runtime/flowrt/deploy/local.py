@@ -157,9 +157,6 @@ class LocalSupervisor:
             if self.failed_start in done:
                 raise DeployError(self.failed_start.result())
 
-    def _config(self, process: Process) -> str:
-        return json.dumps(self.config(process))
-
     def config(self, process: Process) -> dict:
         return {
             "bundle": str(self.bundle.path.resolve()),
@@ -185,7 +182,7 @@ class LocalSupervisor:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, CONFIG_ENV: self._config(process)},
+            env={**os.environ, CONFIG_ENV: json.dumps(self.config(process))},
             start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor, which stops its replicas itself
             limit=RELAY_LINE,
         )

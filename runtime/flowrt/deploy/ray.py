@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from flowrt.deploy.local import DeployError, LocalSupervisor, Process
+from flowrt.transport.sockets import alive
 
 GPU_STAND_IN = "flowc_gpu"
 STOP_WAIT = 10.0  # seconds for killed actors' processes to exit
@@ -271,22 +272,8 @@ class RaySupervisor(LocalSupervisor):
 async def _gone(pids: list[int], seconds: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    while loop.time() < deadline and any(_alive(pid) for pid in pids):
+    while loop.time() < deadline and any(alive(pid) for pid in pids):
         await asyncio.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _reachable(address: str) -> None:

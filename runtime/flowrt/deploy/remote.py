@@ -97,7 +97,6 @@ class Remote:
         self.acts = itertools.count(1)
         self.probes: dict[int, asyncio.Future] = {}
         self.garbage = 0
-        self.downs: dict[str, int] = {}
         self.up_event = asyncio.Event()  # set whenever a replica comes up (tests and start-up wait on it)
 
     # ── the registry's events ──
@@ -122,7 +121,6 @@ class Remote:
             return
         del self.links[key]
         self.live[record.role] = sorted(r for (role, r) in self.links if role == record.role)
-        self.downs[record.role] = self.downs.get(record.role, 0) + 1
         log.warning("replica %d of role `%s` is down: %s", record.replica, record.role, reason)
         self._fail_link(link, reason)
 

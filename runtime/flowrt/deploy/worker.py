@@ -225,8 +225,8 @@ class Replica:
             self.stopping.set()
 
     def _ended(self, act: int, peer: bytes) -> None:
-        """An activation's task is done. One cancelled before its first step never ran its body,
-        so nothing was answered and nothing untracked: do both here."""
+        """An activation's task is done: untrack it. One cancelled before its first step never
+        ran its body, so it was not answered either: answer it here."""
         if act in self.cancelled:
             self.cancelled.discard(act)
             with contextlib.suppress(zmq.ZMQError):
@@ -290,10 +290,7 @@ class Replica:
         except BaseException as error:  # noqa: BLE001 - even SystemExit from a role fails its activation, not the process
             self._failed(peer, act, error, result, before, uses)
         finally:
-            self.tasks.pop(act, None)
-            self.credits.pop(act, None)
-            self.credit_waiters.pop(act, None)
-            self.cancelled.discard(act)
+            self.cancelled.discard(act)  # answered above; `_ended` untracks it
 
     def _failed(self, peer: bytes, act: int, error: BaseException, result: Any, before, uses) -> None:
         if isinstance(error, codec.Unpicklable):

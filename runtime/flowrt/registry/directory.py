@@ -114,6 +114,3 @@ class Directory:
         self.records.pop((record.role, record.replica), None)
         self.gone.add(record.incarnation)
         self.on_down(record, reason)
-
-    def up(self, role: str, replica: int) -> Record | None:
-        return self.records.get((role, replica))

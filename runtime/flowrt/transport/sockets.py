@@ -43,18 +43,23 @@ def _sweep(base: Path) -> None:
             mine = entry.is_dir() and not entry.is_symlink() and entry.stat().st_uid == os.getuid()
         except OSError:
             continue
-        if mine and pid.isdigit() and not _alive(int(pid)):
+        if mine and pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, exited but not reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        return True  # someone else's: it exists
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc here: kill(0) is all we know
 
 
 def remove_dir(path: Path) -> None:
