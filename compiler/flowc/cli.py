@@ -407,6 +407,11 @@ def _prepare_output(out: Path) -> None:
     metavar="SECONDS",
     help="local/ray: a replica not heard from for this long is dropped (its calls end with an error) and restarted [default: 3].",
 )
+@click.option(
+    "--pool-mb",
+    metavar="MIB",
+    help="local/ray: the shared-memory pool for tensors between role processes (docs/memory.md); 0 turns it off [default: 1024].",
+)
 @click.option("--debug", "run_debug", is_flag=True, help="Log debug records and full tracebacks (as `flowc --debug run`).")
 @_color_option
 @click.pass_context
@@ -424,6 +429,7 @@ def run(
     deploy: str,
     registry: str | None,
     heartbeat_ttl: str | None,
+    pool_mb: str | None,
     run_debug: bool,
     color: bool | None,
 ) -> None:
@@ -465,7 +471,7 @@ def run(
     ttl = running.option_value(options.session_ttl_seconds, "--session-ttl", session_ttl)
     cap = running.option_value(options.session_cap, "--max-sessions", max_sessions)
     body_mb = running.option_value(options.size_mib, "--max-body-mb", max_body_mb)
-    placement = running.placement(deploy, registry, heartbeat_ttl)
+    placement = running.placement(deploy, registry, heartbeat_ttl, pool_mb)
     inputs = running.parse_input(input_json) if graph_name is not None else {}
     debug = run_debug or bool(ctx.find_root().params.get("debug"))
     show_log(debug=debug)

@@ -63,8 +63,8 @@ def option_value(check: Any, name: str, value: Any) -> Any:
         raise Refused(f"{name}: {error}") from None
 
 
-def placement(deploy: str, registry: str | None, heartbeat_ttl: str | None) -> dict:
-    """`--deploy`, `--registry` and `--heartbeat-ttl`, checked, as open_deployment's arguments."""
+def placement(deploy: str, registry: str | None, heartbeat_ttl: str | None, pool_mb: str | None = None) -> dict:
+    """`--deploy`, `--registry`, `--heartbeat-ttl` and `--pool-mb`, checked, as open_deployment's arguments."""
     from flowrt import options
     from flowrt.deploy.launch import parse_deploy
     from flowrt.registry import RegistryError, parse_registry
@@ -77,11 +77,16 @@ def placement(deploy: str, registry: str | None, heartbeat_ttl: str | None) -> d
         registry = parse_registry(registry)
     except RegistryError as error:
         raise Refused(str(error)) from None
-    for name, given in (("--registry", registry), ("--heartbeat-ttl", heartbeat_ttl)):
+    for name, given in (("--registry", registry), ("--heartbeat-ttl", heartbeat_ttl), ("--pool-mb", pool_mb)):
         if given is not None and kind == "inproc":
             raise Refused(f"{name} is for --deploy local or ray; add --deploy local, or leave {name} out")
     ttl = option_value(options.timeout_seconds, "--heartbeat-ttl", heartbeat_ttl)
-    return {"deploy": deploy, "registry": registry} | ({"heartbeat_ttl": ttl} if ttl is not None else {})
+    pool = option_value(options.pool_mib, "--pool-mb", pool_mb)
+    return (
+        {"deploy": deploy, "registry": registry}
+        | ({"heartbeat_ttl": ttl} if ttl is not None else {})
+        | ({"pool_mb": pool} if pool is not None else {})
+    )
 
 
 class _Signals:

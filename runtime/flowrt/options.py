@@ -75,3 +75,10 @@ def session_cap(value: object) -> int:
     if count < 1:
         raise ValueError(f"expected a whole number of sessions, 1 or more, e.g. 10000, not {value!r}")
     return count
+
+
+def pool_mib(value: object) -> float:
+    """The data plane's pool in MiB: a size as `size_mib`, or 0 (no pool)."""
+    if not isinstance(value, bool) and str(value).strip() in ("0", "0.0"):
+        return 0.0
+    return size_mib(value)

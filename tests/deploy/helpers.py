@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import textwrap
 from pathlib import Path
@@ -27,11 +28,16 @@ async def deployed(bundle: Path, deploy: str = "local", **options):
     deployment = await open_deployment(bundle, deploy, **options)
     pids = deployment.supervisor.pids() if deployment.supervisor is not None else {}
     socket_dir = getattr(deployment.supervisor, "directory_path", None)
+    manager = getattr(deployment.supervisor, "manager", None)
     try:
         yield deployment
     finally:
         pids.update(deployment.supervisor.pids() if deployment.supervisor is not None else {})
+        if manager is not None and manager.pid is not None:
+            pids["memory manager"] = manager.pid
         await deployment.close()
+        if manager is not None:
+            assert not Path(manager.slab).exists(), "the memory manager's slab was left in shared memory"
         for name, pid in pids.items():
             assert not alive(pid), f"replica process {name} (pid {pid}) outlived its deployment"
         if socket_dir is not None:
@@ -61,6 +67,9 @@ async def assert_clean_everywhere(deployment) -> None:
         assert stats.get(key, 0) == 0, (key, stats)
     for name, process in stats.get("processes", {}).items():
         assert process == {"running": 0, "tracked": 0}, (name, process)
+    memory = stats.get("memory")
+    if memory is not None:  # no block held for a call or by the gateway (a replica's setup may hold some)
+        assert memory["refs_by_call"] == {} and str(os.getpid()) not in memory["refs_by_process"], memory
 
 
 def free_port() -> int:

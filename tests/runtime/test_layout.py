@@ -14,7 +14,8 @@ from tests.conftest import REPO
 FLOWRT = REPO / "runtime" / "flowrt"
 BASE = {"flowrt", "tables", "values", "errors", "options", "entry_types", "logs"}
 ALLOWED = {  # package -> what it may import (its own modules too)
-    "deploy": {"gateway", "registry", "transport", "control", "bundle"} | BASE,
+    "deploy": {"gateway", "registry", "memory", "transport", "control", "bundle"} | BASE,
+    "memory": {"transport"} | BASE,
     "gateway": {"control"} | BASE,
     "registry": {"transport"} | BASE,
     "transport": BASE,

@@ -5,7 +5,7 @@ cdef Py_ssize_t BROADCAST
 cdef object NO_GLOBALS
 
 cdef class Context:
-    cdef public object session, call_id, graph, role, interface, globals, logger, replica
+    cdef public object session, call_id, graph, role, interface, globals, logger, replica, memory
 
 cdef class RoleBinding:
     cdef public str name, lb
@@ -13,7 +13,7 @@ cdef class RoleBinding:
     cdef public tuple uses
     cdef public list instances, load
     cdef public Py_ssize_t count, rr
-    cdef public object globals, log
+    cdef public object globals, log, memory
 
     cpdef Py_ssize_t replica(self, str session) except -1
     cpdef tuple begin(self, NodeProgram node, str session, object call_id, str graph, dict inputs)

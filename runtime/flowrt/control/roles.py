@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class Context:
     """What a role's method receives as `ctx`."""
 
-    __slots__ = ("session", "call_id", "graph", "role", "interface", "globals", "logger", "replica")
+    __slots__ = ("session", "call_id", "graph", "role", "interface", "globals", "logger", "replica", "memory")
 
     def __init__(
         self,
@@ -39,6 +39,7 @@ class Context:
         globals: dict[str, Any],  # noqa: A002 - the name roles read
         logger: logging.Logger,
         replica: int,
+        memory: Any = None,  # the data plane (flowrt.memory.api), where the deployment gives one
     ):
         self.session = session
         self.call_id = call_id
@@ -48,6 +49,7 @@ class Context:
         self.globals = globals
         self.logger = logger
         self.replica = replica
+        self.memory = memory
 
     def __repr__(self) -> str:
         return f"Context(role={self.role!r}, interface={self.interface!r}, session={self.session!r}, call_id={self.call_id})"
@@ -56,9 +58,9 @@ class Context:
 class RoleBinding:
     """One role's instances: `begin` starts an activation on its replica(s), `finished` ends it."""
 
-    __slots__ = ("name", "lb", "uses", "instances", "count", "rr", "load", "globals", "log", "broadcast")
+    __slots__ = ("name", "lb", "uses", "instances", "count", "rr", "load", "globals", "log", "broadcast", "memory")
 
-    def __init__(self, spec: RoleSpec, instances: list[Any], globals_: dict, log: logging.Logger):
+    def __init__(self, spec: RoleSpec, instances: list[Any], globals_: dict, log: logging.Logger, memory: Any = None):
         self.name = spec.name
         self.lb = spec.lb
         self.broadcast = spec.lb == "broadcast"
@@ -69,6 +71,7 @@ class RoleBinding:
         self.load = [0] * self.count  # activations running on each replica
         self.globals = globals_  # the runtime's session globals: (session, name) -> dict
         self.log = log
+        self.memory = memory  # each Context's `memory`
 
     def methods(self, interface: str) -> list[Any]:
         """The bound method of `interface` on each replica (None where the instance lacks it)."""
@@ -95,7 +98,7 @@ class RoleBinding:
             method = node.methods[replica]
             if method is None:
                 raise AttributeError(f"{type(self.instances[replica]).__name__} has no method `{node.method}`")
-            result = method(Context(session, call_id, graph, self.name, node.method, uses, self.log, replica), **inputs)
+            result = method(Context(session, call_id, graph, self.name, node.method, uses, self.log, replica, self.memory), **inputs)
             self.load[replica] += 1
             return replica, result, ()
         for replica, method in enumerate(node.methods):
@@ -105,7 +108,7 @@ class RoleBinding:
         try:
             for replica, method in enumerate(node.methods):
                 results.append(
-                    method(Context(session, call_id, graph, self.name, node.method, uses, self.log, replica), **inputs)
+                    method(Context(session, call_id, graph, self.name, node.method, uses, self.log, replica, self.memory), **inputs)
                 )
         except BaseException:
             self._discard(results)  # a replica refused its inputs: none of them runs

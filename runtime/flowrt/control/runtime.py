@@ -51,6 +51,8 @@ class Runtime:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.bundle = bundle
+        self.memory: Any = None  # roles' ctx.memory (set by `open`)
+        self.binder: Any = None
         self.roles: dict[str, RoleSpec] = bundle.roles
         try:
             self.programs: dict[str, GraphProgram] = {
@@ -101,6 +103,7 @@ class Runtime:
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         clock: Callable[[], float] = time.monotonic,
         binder: Any = None,
+        memory: Any = None,
     ) -> Runtime:
         """Load a bundle, import, construct and check its roles, and run their `setup`
         (`instances` overrides impls, e.g. in tests). Idle sessions keep their state for
@@ -108,8 +111,11 @@ class Runtime:
 
         With a `binder` (flowrt.deploy), the roles run elsewhere: nothing is imported here;
         `binder.binding(spec, globals, log)` gives each role's binding and
-        `binder.generator(role, interface)` says whether an interface streams frames."""
+        `binder.generator(role, interface)` says whether an interface streams frames and
+        `binder.retired(call_id)` hears of each call that ended.
+        `memory` is what roles see as `ctx.memory` (flowrt.memory.api; open_deployment gives one)."""
         runtime = cls(load_bundle(Path(path)), session_ttl=session_ttl, max_sessions=max_sessions, clock=clock)
+        runtime.memory = memory
         if binder is None:
             await runtime._instantiate(instances or {})
         else:
@@ -147,7 +153,7 @@ class Runtime:
                 setup = getattr(instance, "setup", None)
                 if setup is not None:
                     await self._setup(name, replica, setup)
-            self.bindings[name] = RoleBinding(role, self.instances[name], self.globals, self.log)
+            self.bindings[name] = RoleBinding(role, self.instances[name], self.globals, self.log, self.memory)
         for program in self.programs.values():
             for node in program.nodes:
                 if node.interface:
@@ -157,6 +163,7 @@ class Runtime:
                     node.timeout = self.roles[node.role].interfaces[node.method].timeout_s
 
     def _bind(self, binder: Any) -> None:
+        self.binder = binder
         for name, role in sorted(self.roles.items()):
             self.instances[name] = []
             self.bindings[name] = binder.binding(role, self.globals, self.log)
@@ -169,7 +176,7 @@ class Runtime:
                     node.timeout = self.roles[node.role].interfaces[node.method].timeout_s
 
     async def _setup(self, role: str, replica: int, setup: Any) -> None:
-        ctx = Context("", 0, "", role, "setup", {}, self.log, replica)
+        ctx = Context("", 0, "", role, "setup", {}, self.log, replica, self.memory)
         try:
             await setup(ctx)
         except Exception as error:  # noqa: BLE001 - the user's setup: a clear error, not a traceback
@@ -298,6 +305,8 @@ class Runtime:
         """The call has ended and its caller is gone: release its session's turn, keep or drop
         the session's state, and wake `wait_idle` callers if nothing is in flight."""
         self.calls.discard(call)
+        if self.binder is not None:
+            self.binder.retired(call.call_id)  # (what it held elsewhere, shared memory say, is released)
         session = call.session
         self.scheduler.release(session)
         if session not in self.scheduler.queues:

@@ -52,6 +52,9 @@ def main(path: Path, argv: list[str]) -> int:
         "--heartbeat-ttl", metavar="SECONDS", default="3", help="launch: drop a replica not heard from for this long (default: 3)"
     )
     parser.add_argument(
+        "--pool-mb", metavar="MIB", help="launch: the shared-memory pool for tensors, 0 for none (default: 1024; docs/memory.md)"
+    )
+    parser.add_argument(
         "--http", metavar="HOST:PORT", default="127.0.0.1:8000", help="serve, launch: where to listen (default: %(default)s)"
     )
     parser.add_argument(
@@ -83,6 +86,7 @@ def main(path: Path, argv: list[str]) -> int:
             "deploy": deploy,
             "registry": args.registry,
             "heartbeat_ttl": options.timeout_seconds(args.heartbeat_ttl),
+            "pool_mb": None if args.pool_mb is None else options.pool_mib(args.pool_mb),
         }
     except ValueError as error:
         parser.error(str(error))  # exits 2

@@ -57,7 +57,19 @@ class Deployment:
             stats.update(self.supervisor.remote.statistics())
             stats["restarts"] = self.supervisor.restarted
             stats["processes"] = await self.supervisor.remote.probe()
+            if self.supervisor.memory is not None:
+                stats["memory"] = self.memory_statistics()
         return stats
+
+    def memory_statistics(self) -> dict[str, Any]:
+        """The memory manager's statistics (blocks, bytes, refs by call and by process, LRU hits),
+        or {"unanswered": why} while it is down."""
+        from flowrt.memory.client import MemoryError_
+
+        try:
+            return self.supervisor.memory.statistics()
+        except MemoryError_ as error:
+            return {"unanswered": str(error)}
 
 
 async def open_deployment(
@@ -70,6 +82,7 @@ async def open_deployment(
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     clock: Callable[[], float] = time.monotonic,
     debug: bool = False,
+    pool_mb: float | None = None,
 ) -> Deployment:
     """Start `path` under `deploy`; DeployError (a FlowrtError) saying why it cannot."""
     kind, address = parse_deploy(deploy)
@@ -84,15 +97,17 @@ async def open_deployment(
     if kind == "inproc":
         if registry is not None:
             raise DeployError("--registry is for --deploy local or ray (an inproc runtime has no replicas to register)")
-        runtime = await Runtime.open(path, session_ttl=session_ttl, max_sessions=max_sessions, clock=clock)
+        from flowrt.memory.api import InprocMemory
+
+        runtime = await Runtime.open(path, session_ttl=session_ttl, max_sessions=max_sessions, clock=clock, memory=InprocMemory())
         return Deployment(kind, runtime)
     bundle = load_bundle(Path(path))
     if kind == "ray":
         from flowrt.deploy.ray import RaySupervisor
 
-        supervisor: Any = RaySupervisor(bundle, registry, heartbeat_ttl, address, debug)
+        supervisor: Any = RaySupervisor(bundle, registry, heartbeat_ttl, address, debug, pool_mb=pool_mb)
     else:
-        supervisor = LocalSupervisor(bundle, registry, heartbeat_ttl, debug)
+        supervisor = LocalSupervisor(bundle, registry, heartbeat_ttl, debug, pool_mb=pool_mb)
     try:
         await supervisor.start()
     except RegistryError as error:
@@ -102,4 +117,5 @@ async def open_deployment(
     except BaseException:
         await supervisor.close()
         raise
+    supervisor.memory_down = runtime.cancel_all
     return Deployment(kind, runtime, supervisor)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -71,8 +73,12 @@ def exit_text(code: int | None) -> str:
 
 
 class LocalSupervisor:
-    def __init__(self, bundle: Bundle, registry: str | None, ttl: float, debug: bool = False):
+    def __init__(self, bundle: Bundle, registry: str | None, ttl: float, debug: bool = False, pool_mb: float | None = None):
         self.bundle = bundle
+        self.pool_mb = pool_mb  # the Tmp Buffer Pool's size (flowrt.memory.keeper.pool_bytes); 0: no data plane
+        self.manager: Any = None  # the machine's MemoryManager process (flowrt.memory.keeper)
+        self.memory: Any = None  # the gateway's MemoryClient
+        self.memory_down: Any = lambda reason: None  # set by open_deployment: ends the calls in flight
         self.registry = registry
         self.ttl = ttl
         self.debug = debug
@@ -95,6 +101,9 @@ class LocalSupervisor:
 
     def generator(self, role: str, interface: str) -> bool:
         return interface in self.remote.generators.get(role, frozenset())
+
+    def retired(self, call_id: Any) -> None:
+        self.remote.retired(call_id)
 
     # ── start and stop ──
 
@@ -124,6 +133,7 @@ class LocalSupervisor:
             )
             self.registry_endpoint = getattr(self.source, "endpoint", "")  # (tcp: the port chosen)
             self.source.start()
+            await self._start_memory()
             self.ticker = asyncio.ensure_future(self._tick())
             for role, replica in expected:
                 self.processes[(role, replica)] = process = Process(role, replica)
@@ -139,6 +149,30 @@ class LocalSupervisor:
         for path in self.bundle.python_path:  # frames may hold instances of the roles' own classes
             if str(path) not in sys.path:
                 sys.path.insert(0, str(path))
+
+    async def _start_memory(self) -> None:
+        """Start the machine's memory manager and connect the gateway to it (the data plane
+        needs numpy; without it, or with a pool of 0 MiB, frames are pickled whole)."""
+        from flowrt.memory.keeper import ManagerProcess, MemoryStartError, pool_bytes
+
+        if self.pool_mb == 0 or importlib.util.find_spec("numpy") is None:
+            return
+        try:
+            nbytes = pool_bytes(self.pool_mb)
+            self.manager = ManagerProcess(self.endpoint("memory"), nbytes, debug=self.debug, on_down=self._memory_down)
+            await self.manager.start()
+        except MemoryStartError as error:
+            raise DeployError(f"{error}; give a smaller pool (--pool-mb) or free /dev/shm") from None
+        from flowrt.memory.client import MemoryClient, MemoryError_
+
+        try:
+            self.memory = MemoryClient(self.manager.endpoint, "gateway", "gateway")
+        except MemoryError_ as error:
+            raise DeployError(str(error)) from None
+        self.remote.use_memory(self.memory)
+
+    def _memory_down(self, reason: str) -> None:
+        self.memory_down(f"{reason}: the shared tensors of the calls in flight are lost")
 
     async def _wait_all_up(self, expected: list[tuple[str, int]]) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -168,8 +202,12 @@ class LocalSupervisor:
             "deployment": self.deployment,
             "ttl": self.ttl,
             "parent": os.getpid(),
+            "gateway_pid": os.getpid(),  # (the memory manager's call keys are GATEWAY_PID:CALL_ID)
             "debug": self.debug,
             "sys_path": [p for p in sys.path if p],
+            "memory": None
+            if self.manager is None
+            else {"endpoint": self.manager.endpoint, "participants": len(self.expected())},
         }
 
     async def _spawn(self, process: Process) -> None:
@@ -299,6 +337,10 @@ class LocalSupervisor:
                 if task is not None and not task.done():
                     task.cancel()
         self.remote.close()
+        if self.manager is not None:
+            await self.manager.close()
+        if self.memory is not None:
+            self.memory.close()
         if self.source is not None:
             with contextlib.suppress(Exception):
                 await self.source.close()

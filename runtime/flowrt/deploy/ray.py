@@ -76,8 +76,9 @@ class ReplicaActorBody:
 
 
 class RaySupervisor(LocalSupervisor):
-    def __init__(self, bundle, registry: str | None, ttl: float, address: str | None, debug: bool = False):
-        super().__init__(bundle, registry, ttl, debug)
+    def __init__(self, bundle, registry: str | None, ttl: float, address: str | None, debug: bool = False, pool_mb=None):
+        # a cluster of other machines: no data plane yet (a pool is one machine's shared memory)
+        super().__init__(bundle, registry, ttl, debug, pool_mb=0 if address is not None else pool_mb)
         self.address = address
         self.ray = _ray()
         self.owns_cluster = False

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import zlib
 from collections import OrderedDict, deque
 from typing import Any
@@ -25,6 +26,7 @@ import zmq
 
 from flowrt.control.contract import RemoteFailure
 from flowrt.control.roles import RoleBinding
+from flowrt.errors import FlowrtError
 from flowrt.registry import Record
 from flowrt.registry.directory import TOKENS_PER_ACTIVATION
 from flowrt.transport import codec
@@ -42,7 +44,7 @@ log = logging.getLogger("flowrt.deploy")
 class Pending:
     """One activation running on a replica, as the gateway sees it."""
 
-    __slots__ = ("act", "link", "frames", "outcome", "waiter", "taken", "uses")
+    __slots__ = ("act", "link", "frames", "outcome", "waiter", "taken", "uses", "blocks", "call")
 
     def __init__(self, act: int, link: Link, uses: dict | None):
         self.act = act
@@ -54,6 +56,8 @@ class Pending:
         self.waiter: asyncio.Future | None = None
         self.taken = 0
         self.uses = uses
+        self.blocks: list[int] = ()  # pool blocks its inputs hold a ref on (freed when it ends)
+        self.call = ""
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -98,6 +102,25 @@ class Remote:
         self.probes: dict[int, asyncio.Future] = {}
         self.garbage = 0
         self.up_event = asyncio.Event()  # set whenever a replica comes up (tests and start-up wait on it)
+        self.memory: Any = None  # the gateway's MemoryClient, where the deployment runs a manager
+        self.decoder: Any = None
+        self.pid = os.getpid()
+
+    def use_memory(self, client: Any) -> None:
+        from flowrt.memory.tensors import Decoder
+
+        self.memory = client
+        self.decoder = Decoder(client, adopt=True)
+
+    def call_key(self, call_id: Any) -> str:
+        return f"{self.pid}:{call_id}"
+
+    def retired(self, call_id: Any) -> None:
+        """A call has ended: the manager drops whatever its blocks still hold for it."""
+        if self.memory is not None:
+            from flowrt.memory import protocol as mp
+
+            self.memory.post(mp.ReleaseCall(mp.VERSION, 0, self.call_key(call_id)))
 
     # ── the registry's events ──
 
@@ -156,12 +179,12 @@ class Remote:
             if pending is None:
                 return  # an activation already ended here (cancelled, or its replica replaced)
             if kind is m.Frame:
-                pending.frames.append(codec.loads(frames[1:]))
+                pending.frames.append(codec.loads(frames[1:], self.decoder))
             elif kind is m.Return:
-                frame, changes = codec.loads(frames[1:])
+                frame, changes = codec.loads(frames[1:], self.decoder)
                 pending.outcome = ("return", frame, changes)
             elif kind is m.Failed:
-                _, changes = codec.loads(frames[1:])
+                _, changes = codec.loads(frames[1:], self.decoder)
                 pending.outcome = ("failed", message.message, message.where, changes)
             else:  # Cancelled
                 pending.outcome = ("cancelled", message.where)
@@ -198,10 +221,20 @@ class Remote:
 
     def _start(self, link: Link, start: m.Start, inputs: dict, uses: dict | None) -> Pending:
         pending = Pending(start.act, link, uses)
+        encoder = None
+        if self.memory is not None:
+            from flowrt.memory.tensors import Encoder
+
+            pending.call = self.call_key(start.call_id)
+            encoder = Encoder(self.memory, pending.call, gateway=True)
         try:
-            payload = codec.dumps((inputs, uses) if uses is not None else inputs)
+            payload = codec.dumps((inputs, uses) if uses is not None else inputs, encoder)
         except codec.Unpicklable as error:
             raise RemoteFailure(f"the inputs of `{start.interface}` cannot cross processes: {error}") from None
+        except FlowrtError as error:  # the data plane refused (the pool is full, its manager is gone)
+            raise RemoteFailure(f"the inputs of `{start.interface}` could not be put in shared memory: {error}") from None
+        if encoder is not None:
+            pending.blocks = encoder.take_refs()  # posted before the start: the refs exist when it runs
         link.pending[start.act] = pending
         link.send(start, payload)
         return pending
@@ -260,6 +293,12 @@ class Remote:
             error.flowrt_where = pending.outcome[1]  # type: ignore[attr-defined] - read by contract.waiting_place
 
     def _forget(self, pending: Pending) -> None:
+        if pending.blocks:
+            from flowrt.memory import protocol as mp
+
+            for block in pending.blocks:
+                self.memory.post(mp.Free(mp.VERSION, 0, block, pending.call, ""))
+            pending.blocks = ()
         link = pending.link
         if link.pending.pop(pending.act, None) is not None and pending.outcome is None and link.up:
             link.send(m.Cancel(VERSION, pending.act))  # closed early (the call ended): stop it there

@@ -44,6 +44,7 @@ async def serve(
     deploy: str = "inproc",
     registry: str | None = None,
     heartbeat_ttl: float | None = None,
+    pool_mb: float | None = None,
     debug: bool = False,
 ) -> None:
     """Serve until SIGINT or SIGTERM; prints `serving NAME on http://HOST:PORT` once listening.
@@ -68,6 +69,7 @@ async def serve(
             deploy,
             registry=registry,
             heartbeat_ttl=heartbeat_ttl or DEFAULT_HEARTBEAT_TTL,
+            pool_mb=pool_mb,
             session_ttl=session_ttl,
             max_sessions=max_sessions,
             debug=debug,

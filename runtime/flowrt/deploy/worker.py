@@ -38,6 +38,7 @@ from flowrt.control.contract import checked_frame, failure, second_frame, waitin
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context
 from flowrt.errors import FlowrtError
+from flowrt.memory.client import MemoryClient, MemoryError_
 from flowrt.registry import RegistryError, open_client
 from flowrt.tables import node_tables
 from flowrt.transport import codec
@@ -88,14 +89,42 @@ class Replica:
         self.reader: Reader | None = None
         self.outboxes: dict[bytes, Coalescer] = {}  # per gateway
         self.stopping = asyncio.Event()
+        self.memory: Any = None  # ctx.memory (flowrt.memory.api.ProcessMemory) where the deployment has a manager
+        self.decoder: Any = None
+        self.gateway_pid = config.get("gateway_pid") or 0
+
+    def open_memory(self) -> None:
+        """Connect to the machine's memory manager, if the deployment runs one."""
+        memory = self.config.get("memory")
+        if not memory:
+            return
+        from flowrt.memory.api import ProcessMemory
+        from flowrt.memory.tensors import Decoder
+
+        try:
+            client = MemoryClient(memory["endpoint"], "replica", f"{self.role_name}/{self.index}", participants=memory["participants"])
+        except MemoryError_ as error:
+            raise FlowrtError(f"replica {self.index} of role `{self.role_name}`: {error}") from None
+        self.memory = ProcessMemory(client)
+        self.decoder = Decoder(client)
+
+    def encoder(self, call: str) -> Any:
+        if self.memory is None:
+            return None
+        from flowrt.memory.tensors import Encoder
+
+        return Encoder(self.memory.client, call)
 
     async def open(self) -> None:
+        self.open_memory()
         cls = impls.import_impl(self.spec, self.python_path, self.bundle.path)
         self.instance = impls.construct(self.spec, cls, self.python_path, count=1)[0]
         impls.check_instance(self.spec, self.instance)
         setup = getattr(self.instance, "setup", None)
         if setup is not None:
-            ctx = Context("", 0, "", self.role_name, "setup", {}, logging.getLogger(f"flowrt.{self.bundle.name}"), self.index)
+            ctx = Context(
+                "", 0, "", self.role_name, "setup", {}, logging.getLogger(f"flowrt.{self.bundle.name}"), self.index, self.memory
+            )
             try:
                 await setup(ctx)
             except Exception as error:  # noqa: BLE001 - the user's setup: one clear line
@@ -166,10 +195,10 @@ class Replica:
         self.plain.destroy(linger=0)
         self.context.destroy(linger=0)
 
-    def send(self, peer: bytes, envelope: m.Message, payload: Any = None, *, bare: bool = False) -> None:
-        """Send `envelope` (and `payload`, pickled) to the gateway `peer`; codec.Unpicklable if
-        the payload cannot cross processes."""
-        frames = [m.encode(envelope)] if bare else [m.encode(envelope), *codec.dumps(payload)]
+    def send(self, peer: bytes, envelope: m.Message, payload: Any = None, *, bare: bool = False, call: str = "") -> None:
+        """Send `envelope` (and `payload`, pickled; its large tensors put in the pool for `call`)
+        to the gateway `peer`; codec.Unpicklable if the payload cannot cross processes."""
+        frames = [m.encode(envelope)] if bare else [m.encode(envelope), *codec.dumps(payload, self.encoder(call) if call else None)]
         out = self.outboxes.get(peer)
         if out is None:
             out = self.outboxes[peer] = Coalescer(self.socket, self.reader, asyncio.get_running_loop(), [peer])
@@ -198,7 +227,7 @@ class Replica:
             return
         if kind is m.Start:
             try:
-                payload = codec.loads(frames[1:])
+                payload = codec.loads(frames[1:], self.decoder)
                 inputs, uses = payload if message.uses else (payload, None)
                 if not isinstance(inputs, dict) or (uses is not None and not isinstance(uses, dict)):
                     raise TypeError("inputs must be a dict")
@@ -241,6 +270,7 @@ class Replica:
 
     async def _activation(self, peer: bytes, start: m.Start, inputs: dict, uses: dict | None) -> None:
         act = start.act
+        call = f"{self.gateway_pid}:{start.call_id}"  # the manager's key of the call (flowrt.memory.protocol)
         interface = self.interfaces.get((start.graph, start.interface))
         result: Any = None
         before = _snapshot(uses)
@@ -257,6 +287,7 @@ class Replica:
                 uses or {},
                 _role_log(self),
                 self.index,
+                None if self.memory is None else self.memory.for_call(call),
             )
             result = method(ctx, **inputs)
             if type(result) is AsyncGeneratorType:
@@ -270,7 +301,7 @@ class Replica:
                         waiter = self.credit_waiters[act] = asyncio.get_running_loop().create_future()
                         await waiter
                     self.credits[act] -= 1
-                    self.send(peer, m.Frame(m.VERSION, act), frame)
+                    self.send(peer, m.Frame(m.VERSION, act), frame, call=call)
                     sent += 1
                 changes = _changes(before, uses)
                 self.send(peer, m.Return(m.VERSION, act, False, changes is not None), (None, changes))
@@ -279,7 +310,7 @@ class Replica:
                 if frame is not None and (type(frame) is not dict or not frame.keys() <= interface.out_fields):
                     frame = checked_frame(frame, interface.node_id, interface.out_fields)
                 changes = _changes(before, uses)
-                self.send(peer, m.Return(m.VERSION, act, frame is not None, changes is not None), (frame, changes))
+                self.send(peer, m.Return(m.VERSION, act, frame is not None, changes is not None), (frame, changes), call=call)
         except asyncio.CancelledError as error:
             if act in self.cancelled:
                 where = waiting_place(error, result, self.python_path)
@@ -295,6 +326,8 @@ class Replica:
     def _failed(self, peer: bytes, act: int, error: BaseException, result: Any, before, uses) -> None:
         if isinstance(error, codec.Unpicklable):
             message, where = f"a frame cannot cross processes: {error}", ""
+        elif isinstance(error, MemoryError_):
+            message, where = f"{error}", ""
         else:
             message, where = failure(error, result, self.python_path)
         log.debug("replica %d of role `%s`: activation %d failed", self.index, self.role_name, act, exc_info=error)

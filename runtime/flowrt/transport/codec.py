@@ -13,8 +13,12 @@ Pickle runs code when it loads: peers must be trusted. ipc sockets live in a 070
 
 from __future__ import annotations
 
+import io
 import pickle
+import threading
 from typing import Any
+
+from flowrt.errors import FlowrtError
 
 INLINE_LIMIT = 64 * 1024  # buffers smaller than this are copied into the pickle (a frame costs more)
 
@@ -48,8 +52,10 @@ def _outer(value: Any) -> Any:
     return value
 
 
-def dumps(value: Any) -> list[Any]:
-    """`value` as ZMQ frames: the pickle, then its large buffers (not copied)."""
+def dumps(value: Any, memory: Any = None) -> list[Any]:
+    """`value` as ZMQ frames: the pickle, then its large buffers (not copied). With `memory`
+    (a data-plane encoder, flowrt.memory.tensors), its `reduce(obj)` may replace an object
+    (a large tensor) by a handle to shared memory; NotImplemented leaves it to pickle."""
     buffers: list[pickle.PickleBuffer] = []
     value = _outer(value)
 
@@ -60,16 +66,50 @@ def dumps(value: Any) -> list[Any]:
         return False
 
     try:
-        data = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
+        if memory is None:
+            data = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
+        else:
+            out = io.BytesIO()
+            _Pickler(out, memory.reduce, out_of_band).dump(value)
+            data = out.getvalue()
+    except (Unpicklable, FlowrtError):  # (the data plane's refusals say what they are themselves)
+        raise
     except Exception as error:  # noqa: BLE001 - any value's __reduce__ may raise anything
         raise Unpicklable(f"{type(error).__name__}: {error}") from None
     return [data, *(b.raw() for b in buffers)]
 
 
-def loads(frames: list[Any]) -> Any:
-    """The value `dumps` made, over the received frames (bytes or zmq.Frame)."""
+class _Pickler(pickle.Pickler):
+    """A pickler that asks the data plane first (`reducer_override`, called for every object)."""
+
+    def __init__(self, out: io.BytesIO, reduce: Any, buffer_callback: Any):
+        super().__init__(out, protocol=5, buffer_callback=buffer_callback)
+        self.reduce = reduce
+
+    def reducer_override(self, obj: Any) -> Any:
+        return self.reduce(obj)
+
+
+_decoding = threading.local()
+
+
+def current_decoder() -> Any:
+    """The data-plane decoder of the `loads` running in this thread (None outside one)."""
+    return getattr(_decoding, "decoder", None)
+
+
+def loads(frames: list[Any], memory: Any = None) -> Any:
+    """The value `dumps` made, over the received frames (bytes or zmq.Frame); `memory` turns
+    the handles in it back into tensors (current_decoder())."""
     first, rest = frames[0], frames[1:]
-    return pickle.loads(_view(first), buffers=[_view(f) for f in rest])
+    if memory is None:
+        return pickle.loads(_view(first), buffers=[_view(f) for f in rest])
+    outer = getattr(_decoding, "decoder", None)
+    _decoding.decoder = memory
+    try:
+        return pickle.loads(_view(first), buffers=[_view(f) for f in rest])
+    finally:
+        _decoding.decoder = outer
 
 
 def _view(frame: Any) -> Any:

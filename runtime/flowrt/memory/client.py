@@ -1,0 +1,178 @@
+"""The MemoryManagerClient of one process: requests to its machine's manager, and the maps.
+
+Requests that need an answer (allocate, take a ref on a block being forwarded, claim weights)
+are synchronous round trips with a deadline: a manager that does not answer in `timeout`
+seconds raises `MemoryUnavailable` naming it, which fails the activation that asked, never
+the process. Frees and the gateway's refs are sent without waiting, in order on the same
+socket, so a block's refs never drop to 0 on the way. The client maps the manager's slab once
+(shared, for what this process writes) and each received block on its own (private,
+copy-on-write; `views` finds the block behind any address of one, for forwarding).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import itertools
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import zmq
+
+from flowrt.errors import FlowrtError
+from flowrt.memory import protocol as p
+from flowrt.memory.slab import Mapping, address_of
+
+REQUEST_TIMEOUT = 5.0  # seconds a manager has to answer before it counts as gone
+
+
+class MemoryError_(FlowrtError):
+    """Base of the data plane's errors (the name avoids Python's own MemoryError)."""
+
+
+class MemoryUnavailable(MemoryError_):
+    """The machine's memory manager did not answer (it died, or is restarting)."""
+
+
+class MemoryRefused(MemoryError_):
+    """The manager answered with a refusal (the pool is exhausted, a block is unknown...)."""
+
+
+class View:
+    """A received block mapped privately in this process."""
+
+    __slots__ = ("start", "end", "slab", "epoch", "block", "offset")
+
+    def __init__(self, start: int, end: int, slab: str, epoch: str, block: int, offset: int):
+        self.start, self.end, self.slab, self.epoch, self.block, self.offset = start, end, slab, epoch, block, offset
+
+
+class MemoryClient:
+    def __init__(self, endpoint: str, kind: str, name: str, *, timeout: float = REQUEST_TIMEOUT, participants: int = 1):
+        self.endpoint = endpoint
+        self.kind = kind
+        self.name = name
+        self.timeout = timeout
+        self.participants = participants  # processes on this machine a kv_pool_barrier waits for
+        self.process = str(os.getpid())
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(endpoint)
+        self.lock = threading.RLock()
+        self.reqs = itertools.count(1)
+        self.epoch = ""
+        self.mapping: Mapping | None = None
+        self.mappings: dict[str, Mapping] = {}  # slab path -> its mapping (an old manager's too, while views need it)
+        self.starts: list[int] = []  # sorted start addresses of live views
+        self.views: dict[int, View] = {}
+        self.request(p.Hello(p.VERSION, 0, int(self.process), kind, name))
+
+    # ── requests ──
+
+    def request(self, message: p.Request) -> p.Reply:
+        """Send `message` and wait for its answer; MemoryUnavailable or MemoryRefused."""
+        with self.lock:
+            message.req = next(self.reqs)
+            self.socket.send(p.encode(message))
+            deadline = time.monotonic() + self.timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.socket.poll(int(remaining * 1000) + 1):
+                    raise MemoryUnavailable(
+                        f"the memory manager at {self.endpoint} did not answer {type(message).__name__} within "
+                        f"{self.timeout:g}s (it died or is restarting; the deployment's supervisor restarts it)"
+                    )
+                try:
+                    reply = p.decode_reply(self.socket.recv())
+                except p.Garbage:
+                    continue
+                if reply.req == message.req:
+                    break  # (answers to requests that timed out earlier are skipped)
+            self._follow(reply)
+        if reply.error:
+            raise MemoryRefused(reply.error)
+        return reply
+
+    def post(self, message: p.Request) -> None:
+        """Send `message` without waiting (req 0: no answer comes)."""
+        message.req = 0
+        with self.lock, contextlib.suppress(zmq.ZMQError):  # the manager is gone: what it held died with it
+            self.socket.send(p.encode(message), zmq.NOBLOCK)
+
+    def _follow(self, reply: p.Reply) -> None:
+        if reply.epoch and reply.epoch != self.epoch:
+            self.epoch = reply.epoch
+            self.mapping = self.mapped(reply.slab)
+
+    def mapped(self, path: str) -> Mapping:
+        mapping = self.mappings.get(path)
+        if mapping is None:
+            try:
+                mapping = self.mappings[path] = Mapping(path)
+            except FileNotFoundError:
+                raise MemoryUnavailable(
+                    f"shared memory {path} is gone: the memory manager that held it died (it restarts with a new pool)"
+                ) from None
+        return mapping
+
+    # ── blocks ──
+
+    def alloc(self, nbytes: int, call: str = "", process: str = "", cache_key: str = "") -> p.Reply:
+        return self.request(p.Alloc(p.VERSION, 0, nbytes, call, process or ("" if call else self.process), cache_key))
+
+    def writable(self, reply: p.Reply) -> Any:
+        """The shared mapping where block `reply` lies (this process writes into it)."""
+        assert self.mapping is not None
+        return self.mapping.map
+
+    def view(self, slab: str, epoch: str, block: int, offset: int, size: int) -> Any:
+        """Block `block` of slab `slab` mapped privately here (copy-on-write)."""
+        mapping = self.mappings.get(slab) if epoch != self.epoch else self.mapping
+        if mapping is None or mapping.path != slab:
+            mapping = self.mapped(slab)
+        buffer = mapping.private_view(offset, size)
+        start = address_of(buffer)
+        record = View(start, start + size, slab, epoch, block, offset)
+        with self.lock:
+            bisect.insort(self.starts, start)
+            self.views[start] = record
+        weakref.finalize(buffer, self._unview, start)
+        return buffer
+
+    def _unview(self, start: int) -> None:
+        with self.lock:
+            self.views.pop(start, None)
+            i = bisect.bisect_left(self.starts, start)
+            if i < len(self.starts) and self.starts[i] == start:
+                del self.starts[i]
+
+    def find_view(self, address: int, nbytes: int) -> View | None:
+        """The received view holding [address, address+nbytes), if any."""
+        with self.lock:
+            i = bisect.bisect_right(self.starts, address) - 1
+            if i < 0:
+                return None
+            view = self.views.get(self.starts[i])
+        if view is None or address + nbytes > view.end:
+            return None
+        return view
+
+    def slab_offset(self, address: int, nbytes: int) -> int | None:
+        """Where [address, address+nbytes) lies in this process's shared map of the slab."""
+        mapping = self.mapping
+        if mapping is None or not mapping.address <= address or address + nbytes > mapping.address + mapping.size:
+            return None
+        return address - mapping.address
+
+    def statistics(self) -> dict:
+        return dict(self.request(p.Statistics(p.VERSION, 0)).data)
+
+    def close(self) -> None:
+        self.context.destroy(linger=0)
+        for mapping in self.mappings.values():
+            mapping.close()
+        self.mappings.clear()
