@@ -8,7 +8,8 @@ A handoff is a ping-pong: the sender hands the tensor over, the receiver gets a 
 trip. flowrt runs as deployments do: a MemoryManager process, a MemoryClient in each process,
 the payload through flowrt.transport.codec with the data plane's encoder and decoder, over ipc.
 "flowrt (in pool)" sends a tensor made with ctx.memory.empty (no copy: the handle travels);
-"flowrt (copy in)" sends an ordinary tensor (one copy into the pool).
+"flowrt (copy in)" sends an ordinary tensor (one copy into the pool). The first WARMUP rounds
+of each are not counted (the first touch of fresh shared pages).
 
     .venv/bin/python bench/tensor_handoff.py [--quick]
 """
@@ -106,14 +107,17 @@ def flowrt_peer(endpoint: str, memory: str) -> None:
 # ── senders ──
 
 
+WARMUP = 2  # rounds not counted: the first touch of fresh shared pages is a one-time cost
+
+
 def ping(sock, frames, n: int) -> list[float]:
     times = []
-    for _ in range(n):
+    for _ in range(n + WARMUP):
         start = time.perf_counter()
         sock.send_multipart(frames() if callable(frames) else frames, copy=False)
         sock.recv()
         times.append(time.perf_counter() - start)
-    return times
+    return times[WARMUP:]
 
 
 def bench_pickle(tensor: torch.Tensor, n: int) -> list[float]:
@@ -137,14 +141,14 @@ def bench_queue(tensor: torch.Tensor, n: int) -> list[float]:
     peer = context.Process(target=queue_peer, args=(inbox, outbox))
     peer.start()
     times = []
-    for _ in range(n):
+    for _ in range(n + WARMUP):
         start = time.perf_counter()
         inbox.put(tensor.clone())  # a new tensor each time, as a role makes one per request
         outbox.get()
         times.append(time.perf_counter() - start)
     inbox.put(None)
     peer.join()
-    return times
+    return times[WARMUP:]
 
 
 def bench_shm(tensor: torch.Tensor, n: int) -> list[float]:

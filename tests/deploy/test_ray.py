@@ -109,6 +109,58 @@ def test_a_killed_actor_is_restarted_and_takes_traffic_again(cluster, tmp_path):
     asyncio.run(main())
 
 
+TENSORS = """
+placeholder request: Json
+
+role make {
+    impl "tensor_roles:Make"
+    interface run { in request  out x: Tensor }
+}
+role use {
+    impl "tensor_roles:Use"
+    interface run { in x  out total: Json }
+}
+
+graph g {
+    entry request
+    return total
+}
+"""
+
+TENSOR_ROLES = """
+import os
+import torch
+
+class Make:
+    async def run(self, ctx, request):
+        t = ctx.memory.empty((1 << 20,))
+        t.fill_(request)
+        return {"x": t}
+
+class Use:
+    async def run(self, ctx, x):
+        return {"total": float(x.sum())}
+"""
+
+
+def test_tensors_between_actors_go_through_the_nodes_manager_actor(cluster, tmp_path):
+    pytest.importorskip("torch", reason="tensors need torch (pip install 'flowc[torch]')")
+    bundle = bundle_with_roles(TENSORS, TENSOR_ROLES, tmp_path, module="tensor_roles")
+
+    async def main():
+        async with deployed(bundle, "ray", pool_mb=64) as deployment:
+            manager = deployment.supervisor.manager
+            assert type(manager).__name__ == "RayMemory" and manager.pid not in deployment.supervisor.pids().values()
+            for n in (1, 2):
+                events = await calls(deployment.runtime, "g", {"request": n})
+                assert events[0]["value"] == n * (1 << 20)
+            stats = deployment.memory_statistics()
+            assert stats["requests"] > 0 and set(stats["clients"].values()) >= {"make/0", "use/0", "gateway"}
+            await assert_clean_everywhere(deployment)
+
+    asyncio.run(main())
+
+
 def test_image_chat_under_ray_prints_what_its_readme_says(cluster, tmp_path):
     from tests.deploy.test_local import by_field
 

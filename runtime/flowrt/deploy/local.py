@@ -153,13 +153,13 @@ class LocalSupervisor:
     async def _start_memory(self) -> None:
         """Start the machine's memory manager and connect the gateway to it (the data plane
         needs numpy; without it, or with a pool of 0 MiB, frames are pickled whole)."""
-        from flowrt.memory.keeper import ManagerProcess, MemoryStartError, pool_bytes
+        from flowrt.memory.keeper import MemoryStartError, pool_bytes
 
         if self.pool_mb == 0 or importlib.util.find_spec("numpy") is None:
             return
         try:
             nbytes = pool_bytes(self.pool_mb)
-            self.manager = ManagerProcess(self.endpoint("memory"), nbytes, debug=self.debug, on_down=self._memory_down)
+            self.manager = self._memory_manager(nbytes)
             await self.manager.start()
         except MemoryStartError as error:
             raise DeployError(f"{error}; give a smaller pool (--pool-mb) or free /dev/shm") from None
@@ -170,6 +170,12 @@ class LocalSupervisor:
         except MemoryError_ as error:
             raise DeployError(str(error)) from None
         self.remote.use_memory(self.memory)
+
+    def _memory_manager(self, nbytes: int) -> Any:
+        """The machine's manager, not started: a process of ours (under Ray, an actor)."""
+        from flowrt.memory.keeper import ManagerProcess
+
+        return ManagerProcess(self.endpoint("memory"), nbytes, debug=self.debug, on_down=self._memory_down)
 
     def _memory_down(self, reason: str) -> None:
         self.memory_down(f"{reason}: the shared tensors of the calls in flight are lost")

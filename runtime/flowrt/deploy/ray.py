@@ -75,6 +75,111 @@ class ReplicaActorBody:
             self.replica.stopping.set()
 
 
+class MemoryActorBody:
+    """The MemoryManager of one node as a Ray actor: Ray restarts it if it dies (the same
+    endpoint; a new slab), and `wait` returns only when it stops, so the supervisor learns of a
+    death when that call fails."""
+
+    def __init__(self, config: dict):
+        import threading
+
+        import zmq
+
+        from flowrt.memory.manager import MemoryManager, serve
+        from flowrt.transport.sockets import bind
+
+        self.manager = MemoryManager(config["pool_bytes"])
+        self.context = zmq.Context()
+        socket = self.context.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.LINGER, 0)
+        self.endpoint = bind(socket, config["endpoint"])
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=serve, args=(self.manager, socket, None, self.stopped.is_set), daemon=True)
+        self.thread.start()
+
+    def info(self) -> dict:
+        return {"endpoint": self.endpoint, "slab": self.manager.slab, "pid": os.getpid()}
+
+    def wait(self) -> None:
+        self.stopped.wait()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=2)
+        self.manager.close()
+
+
+class RayMemory:
+    """The supervisor's handle on the node's manager actor (as flowrt.memory.keeper's
+    ManagerProcess for `local`: start, pid, endpoint, slab, restarts, close)."""
+
+    def __init__(self, ray: Any, name: str, endpoint: str, nbytes: int, on_down: Any):
+        self.ray, self.name, self.endpoint, self.nbytes, self.on_down = ray, name, endpoint, nbytes, on_down
+        self.actor: Any = None
+        self.pid: int | None = None
+        self.slab = ""
+        self.restarts = 0
+        self.watcher: asyncio.Task | None = None
+        self.stopping = False
+
+    async def start(self) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from flowrt.memory.keeper import MemoryStartError
+
+        node = self.ray.get_runtime_context().get_node_id()  # the gateway's node: the one the replicas share here
+        body = self.ray.remote(MemoryActorBody).options(
+            name=self.name,
+            num_cpus=0,
+            max_restarts=-1,
+            max_concurrency=4,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        )
+        self.actor = body.remote({"pool_bytes": self.nbytes, "endpoint": self.endpoint})
+        try:
+            await self._learn()
+        except Exception as error:  # noqa: BLE001 - Ray's errors: one line
+            raise MemoryStartError(f"its Ray actor failed: {str(error).strip().splitlines()[-1]}") from None
+        self.watcher = asyncio.ensure_future(self._watch())
+
+    async def _learn(self) -> None:
+        info = await self.actor.info.remote()
+        self.pid, self.slab, self.endpoint = info["pid"], info["slab"], info["endpoint"]
+
+    async def _watch(self) -> None:
+        from flowrt.memory import slab
+
+        while not self.stopping:
+            try:
+                await self.actor.wait.remote()
+                return
+            except asyncio.CancelledError:
+                return
+            except Exception:  # noqa: BLE001 - RayActorError: it died; Ray starts it again
+                if self.stopping:
+                    return
+                slab.remove(self.slab)
+                self.on_down(f"the memory manager (pid {self.pid}, a Ray actor) died")
+                with contextlib.suppress(Exception):
+                    await self._learn()
+                    self.restarts += 1
+
+    async def close(self) -> None:
+        from flowrt.memory import slab
+
+        self.stopping = True
+        if self.actor is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.actor.stop.remote(), 5)
+            with contextlib.suppress(Exception):
+                self.ray.kill(self.actor, no_restart=True)
+        if self.watcher is not None:
+            self.watcher.cancel()
+        if self.pid is not None:
+            await _gone([self.pid], STOP_WAIT)
+        slab.remove(self.slab)
+
+
 class RaySupervisor(LocalSupervisor):
     def __init__(self, bundle, registry: str | None, ttl: float, address: str | None, debug: bool = False, pool_mb=None):
         # a cluster of other machines: no data plane yet (a pool is one machine's shared memory)
@@ -235,6 +340,9 @@ class RaySupervisor(LocalSupervisor):
             self.failed_start.set_result(message)
             return
         await self._restart(process)
+
+    def _memory_manager(self, nbytes: int) -> RayMemory:
+        return RayMemory(self.ray, f"{self.deployment}-memory", self.endpoint("memory"), nbytes, self._memory_down)
 
     def _down(self, record, reason: str) -> None:
         self.remote.on_down(record, reason)

@@ -274,6 +274,7 @@ class Replica:
         interface = self.interfaces.get((start.graph, start.interface))
         result: Any = None
         before = _snapshot(uses)
+        memory = None if self.memory is None else self.memory.for_call(call)
         try:
             if interface is None:
                 raise LookupError(f"role `{self.role_name}` has no interface `{start.interface}` in graph `{start.graph}`")
@@ -287,7 +288,7 @@ class Replica:
                 uses or {},
                 _role_log(self),
                 self.index,
-                None if self.memory is None else self.memory.for_call(call),
+                memory,
             )
             result = method(ctx, **inputs)
             if type(result) is AsyncGeneratorType:
@@ -322,6 +323,8 @@ class Replica:
             self._failed(peer, act, error, result, before, uses)
         finally:
             self.cancelled.discard(act)  # answered above; `_ended` untracks it
+            if memory is not None:
+                memory.release()
 
     def _failed(self, peer: bytes, act: int, error: BaseException, result: Any, before, uses) -> None:
         if isinstance(error, codec.Unpicklable):

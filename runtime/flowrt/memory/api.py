@@ -7,8 +7,9 @@
     pages = await ctx.memory.kv_pool_barrier(lambda: free_bytes() // 2)
 
 `ProcessMemory` is the one of a replica process (over its MemoryClient); a block it allocates
-in an activation is held by the call (released when the call ends), in setup by the process
-(released when the process dies). `InprocMemory` gives the same calls to an embedded runtime,
+(or borrows with `lookup`) in an activation is held until the activation ends (or its call, if
+that comes first), in setup by the process (until the tensor is garbage, or the process dies).
+A frame that carries the tensor holds a ref of its own. `InprocMemory` gives the same calls to an embedded runtime,
 where nothing crosses a process: tensors are ordinary ones and a shared model is one object.
 """
 
@@ -30,9 +31,17 @@ class ProcessMemory:
     def __init__(self, client: MemoryClient, call: str = ""):
         self.client = client
         self.call = call  # "" in setup: the process holds what it takes
+        self.taken: list[int] = []  # an activation's blocks, released when it ends (`release`)
 
     def for_call(self, call: str) -> ProcessMemory:
+        """The `ctx.memory` of one activation of call `call`."""
         return ProcessMemory(self.client, call)
+
+    def release(self) -> None:
+        """The activation ended: drop its refs (the frames it sent hold their own)."""
+        for block in self.taken:
+            self.client.post(p.Free(p.VERSION, 0, block, self.call, ""))
+        self.taken = []
 
     def _holder(self) -> dict:
         return {"call": self.call, "process": "" if self.call else self.client.process}
@@ -63,7 +72,9 @@ class ProcessMemory:
 
         reply = self.client.alloc(nbytes, **self._holder())
         base = numpy.frombuffer(self.client.mapping.map, dtype=numpy.uint8, count=nbytes, offset=reply.offset)
-        if not self.call:
+        if self.call:
+            self.taken.append(reply.block)
+        else:
             weakref.finalize(base, self.client.post, p.Free(p.VERSION, 0, reply.block, "", self.client.process))
         return base
 
@@ -84,6 +95,8 @@ class ProcessMemory:
         reply = client.request(p.Lookup(p.VERSION, 0, key, **self._holder()))
         if not reply.block:
             return None
+        if self.call:
+            self.taken.append(reply.block)
         from flowrt.memory.tensors import Decoder
 
         meta = reply.data

@@ -294,6 +294,10 @@ class BufferPool:
             "stale_frees": self.stale_frees,
         }
 
+    def free_lists_snapshot(self) -> list[tuple[int, int]]:
+        """The free blocks as sorted (offset, size) pairs."""
+        return sorted((offset, size) for size, free in self.free_lists.items() for offset in free)
+
     def check(self) -> None:
         """Assert the bookkeeping is consistent (the tests call it after every step)."""
         pieces = [(o, s, "free") for s, free in self.free_lists.items() for o in free]
