@@ -9,6 +9,7 @@ import re
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -244,10 +245,12 @@ def test_sockets_are_private_to_the_user(tmp_path):
             directory = deployment.supervisor.directory_path
             assert stat.S_IMODE(directory.stat().st_mode) == 0o700
             sockets = list(directory.iterdir())
-            assert len(sockets) == 4  # the registry and three replicas
+            assert len(sockets) == 5  # the registry, the memory manager and three replicas
             for path in sockets:
                 assert stat.S_ISSOCK(path.stat().st_mode)
                 assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+            slab = Path(deployment.supervisor.manager.slab)  # the tensors' shared memory: this user's alone too
+            assert stat.S_IMODE(slab.stat().st_mode) == 0o600
 
     asyncio.run(main())
 

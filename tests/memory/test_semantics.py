@@ -18,27 +18,27 @@ FLOW = """
 placeholder request: Json
 
 role source {
-    impl "roles:Source"
+    impl "semantic_roles:Source"
     interface run { in request  out x: Tensor, arr: Tensor, a: Json }
 }
 role arrays {
-    impl "roles:Arrays"
+    impl "semantic_roles:Arrays"
     interface run { in arr  out n: Json }
 }
 role writer {
-    impl "roles:Writer"
+    impl "semantic_roles:Writer"
     interface run { in x  out y: Tensor, w: Json }
 }
 role reader {
-    impl "roles:Reader"
+    impl "semantic_roles:Reader"
     interface run { in x  out r: Json }
 }
 role after {
-    impl "roles:Reader"
+    impl "semantic_roles:Reader"
     interface run { in y  out r2: Json }
 }
 role cacher {
-    impl "roles:Cacher"
+    impl "semantic_roles:Cacher"
     interface run { in request  out c: Json }
     interface slow { in request  out s: Json }
 }
@@ -114,7 +114,7 @@ class Cacher:
 
 
 def test_a_write_into_a_received_tensor_is_the_writers_own_and_travels_on(tmp_path):
-    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path, module="semantic_roles")
 
     async def main():
         async with deployed(bundle, pool_mb=64) as deployment:
@@ -134,7 +134,7 @@ def test_a_write_into_a_received_tensor_is_the_writers_own_and_travels_on(tmp_pa
 
 
 def test_the_lru_lends_a_cached_block_to_later_calls_and_a_timeout_releases_blocks(tmp_path):
-    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path, module="semantic_roles")
 
     async def main():
         async with deployed(bundle, pool_mb=64) as deployment:
@@ -155,7 +155,7 @@ def test_the_lru_lends_a_cached_block_to_later_calls_and_a_timeout_releases_bloc
 
 
 def test_under_inproc_tensors_pass_by_reference_and_ctx_memory_works(tmp_path):
-    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path, module="semantic_roles")
 
     async def main():
         async with deployed(bundle, "inproc") as deployment:

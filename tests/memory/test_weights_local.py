@@ -46,9 +46,12 @@ def build():
 
 def load(model):
     generator = torch.Generator().manual_seed(1234)
+    scratch = {}  # one buffer per shape: the "checkpoint" costs no memory that outlives the load
     with torch.no_grad():
         for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+            buffer = scratch.setdefault(tuple(parameter.shape), torch.empty(parameter.shape))
+            torch.randn(parameter.shape, generator=generator, out=buffer)
+            parameter.copy_(buffer.mul_(0.02))
 
 
 def forward(model, seed):
@@ -125,8 +128,8 @@ def test_four_processes_share_one_copy_of_a_200_mb_model(tmp_path):
             for pid, (rss, _pss, private) in measured.items():
                 assert rss >= 0.95 * model_bytes, (pid, rss)  # each maps (and has read) the whole model
                 # and holds no copy of its own: its private memory is what a replica without a model has,
-                # plus the load's temporaries that the heap keeps (well under one model)
-                assert private - baseline < 0.6 * model_bytes, (pid, private, baseline)
+                # plus the load's scratch buffer and what the heap keeps (well under one model)
+                assert private - baseline < 0.5 * model_bytes, (pid, private, baseline)
             total_pss = sum(pss for _, pss, _ in measured.values())
             assert 0.9 * model_bytes < total_pss < 1.1 * model_bytes, total_pss  # one copy between four
             stats = deployment.memory_statistics()

@@ -24,6 +24,7 @@ from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 from flowrt.registry import DEFAULT_HEARTBEAT_TTL, RegistryError, parse_registry
 
 DEPLOYS = ("inproc", "local", "ray")
+STATS_TIMEOUT = 1.0  # seconds /stats waits for the memory manager (the gateway's loop waits with it)
 MIN_HEARTBEAT_TTL = 0.3  # seconds: a heartbeat every 0.1 s at the most
 
 __all__ = ["DEPLOYS", "DeployError", "Deployment", "open_deployment", "parse_deploy"]
@@ -67,7 +68,7 @@ class Deployment:
         from flowrt.memory.client import MemoryError_
 
         try:
-            return self.supervisor.memory.statistics()
+            return self.supervisor.memory.statistics(timeout=STATS_TIMEOUT)
         except MemoryError_ as error:
             return {"unanswered": str(error)}
 

@@ -231,6 +231,9 @@ class Replica:
                 inputs, uses = payload if message.uses else (payload, None)
                 if not isinstance(inputs, dict) or (uses is not None and not isinstance(uses, dict)):
                     raise TypeError("inputs must be a dict")
+            except MemoryError_ as error:  # a tensor it carries cannot be mapped (its manager died): answer
+                self.send(peer, m.Failed(m.VERSION, message.act, str(error), "", False, False), (None, None))
+                return
             except Exception as error:  # noqa: BLE001 - a payload that does not unpickle is garbage
                 self._garbage(f"a start whose payload cannot be read ({type(error).__name__}: {error})")
                 return

@@ -18,6 +18,7 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from typing import Any
 
 import zmq
@@ -63,6 +64,8 @@ class MemoryClient:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(endpoint)
         self.lock = threading.RLock()
+        self.queued: deque[bytes] = deque()  # posted, not sent yet (see `post`)
+        self.sending = False
         self.reqs = itertools.count(1)
         self.epoch = ""
         self.mapping: Mapping | None = None
@@ -73,35 +76,55 @@ class MemoryClient:
 
     # ── requests ──
 
-    def request(self, message: p.Request) -> p.Reply:
+    def request(self, message: p.Request, timeout: float | None = None) -> p.Reply:
         """Send `message` and wait for its answer; MemoryUnavailable or MemoryRefused."""
+        timeout = self.timeout if timeout is None else timeout
         with self.lock:
-            message.req = next(self.reqs)
-            self.socket.send(p.encode(message))
-            deadline = time.monotonic() + self.timeout
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self.socket.poll(int(remaining * 1000) + 1):
-                    raise MemoryUnavailable(
-                        f"the memory manager at {self.endpoint} did not answer {type(message).__name__} within "
-                        f"{self.timeout:g}s (it died or is restarting; the deployment's supervisor restarts it)"
-                    )
-                try:
-                    reply = p.decode_reply(self.socket.recv())
-                except p.Garbage:
-                    continue
-                if reply.req == message.req:
-                    break  # (answers to requests that timed out earlier are skipped)
-            self._follow(reply)
+            self.sending = True
+            try:
+                self._send_queued()  # what was posted goes first: a request never overtakes a free
+                message.req = next(self.reqs)
+                self.socket.send(p.encode(message))
+                deadline = time.monotonic() + timeout
+                while True:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self.socket.poll(int(remaining * 1000) + 1):
+                        raise MemoryUnavailable(
+                            f"the memory manager at {self.endpoint} did not answer {type(message).__name__} within "
+                            f"{timeout:g}s (it died or is restarting; the deployment's supervisor restarts it)"
+                        )
+                    try:
+                        reply = p.decode_reply(self.socket.recv())
+                    except p.Garbage:
+                        continue
+                    if reply.req == message.req:
+                        break  # (answers to requests that timed out earlier are skipped)
+                self._follow(reply)
+            finally:
+                self.sending = False
+            self._send_queued()  # posted meanwhile (a finalizer that ran inside this request)
         if reply.error:
             raise MemoryRefused(reply.error)
         return reply
 
     def post(self, message: p.Request) -> None:
-        """Send `message` without waiting (req 0: no answer comes)."""
+        """Send `message` without waiting (req 0: no answer comes). Safe from a finalizer that
+        runs in the middle of another send: it is queued, and sent once that one is done."""
         message.req = 0
-        with self.lock, contextlib.suppress(zmq.ZMQError):  # the manager is gone: what it held died with it
-            self.socket.send(p.encode(message), zmq.NOBLOCK)
+        self.queued.append(p.encode(message))
+        if not self.sending:
+            with self.lock:
+                self._send_queued()
+
+    def _send_queued(self) -> None:
+        outer, self.sending = self.sending, True
+        try:
+            while self.queued:
+                data = self.queued.popleft()
+                with contextlib.suppress(zmq.ZMQError):  # the manager is gone: what it held died with it
+                    self.socket.send(data, zmq.NOBLOCK)
+        finally:
+            self.sending = outer
 
     def _follow(self, reply: p.Reply) -> None:
         if reply.epoch and reply.epoch != self.epoch:
@@ -168,8 +191,8 @@ class MemoryClient:
             return None
         return address - mapping.address
 
-    def statistics(self) -> dict:
-        return dict(self.request(p.Statistics(p.VERSION, 0)).data)
+    def statistics(self, timeout: float | None = None) -> dict:
+        return dict(self.request(p.Statistics(p.VERSION, 0), timeout).data)
 
     def close(self) -> None:
         self.context.destroy(linger=0)

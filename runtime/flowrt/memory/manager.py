@@ -64,7 +64,7 @@ class MemoryManager:
     """The manager's state and its answer to each request (the socket loop is `serve`)."""
 
     def __init__(self, pool_bytes: int, *, min_block: int = 4096, prefault: bool = False):
-        self.pool = BufferPool(pool_bytes, min_block)
+        self.pool = BufferPool(pool_bytes, min_block, first_id=1 + secrets.randbits(40))
         self.slab = str(slab.create("slab", max(pool_bytes, slab.PAGE), prefault=prefault))
         self.epoch = secrets.token_hex(6)
         self.clients: dict[str, str] = {}  # pid -> its name
@@ -145,6 +145,8 @@ class MemoryManager:
     # ── weights ──
 
     def claim(self, r: p.Claim) -> p.Reply:
+        if r.nbytes <= 0:
+            return self.reply(r, error=f"weights `{r.key}` need a positive size, not {r.nbytes} bytes")
         entry = self.weights.get(r.key)
         if entry is not None and entry.layout != r.layout:
             return self.reply(

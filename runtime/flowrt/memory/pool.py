@@ -59,12 +59,18 @@ class Block:
         return sum(self.refs.values())
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+def _size(n: int) -> str:
+    """Bytes for a person: the largest binary unit that leaves at least 1, one decimal at most."""
+    value, unit = float(n), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
 
 
 class BufferPool:
-    def __init__(self, capacity: int, min_block: int = 4096):
+    def __init__(self, capacity: int, min_block: int = 4096, first_id: int = 1):
         if min_block <= 0 or min_block & (min_block - 1):
             raise PoolError(f"the smallest block must be a power of two, not {min_block}")
         self.min_block = min_block
@@ -85,7 +91,7 @@ class BufferPool:
         self.by_offset: dict[int, Block] = {}
         self.starts: list[int] = []  # sorted offsets of live blocks
         self.lru: OrderedDict[str, int] = OrderedDict()  # cache key -> block id, oldest first
-        self.next_id = 1
+        self.next_id = first_id  # (a manager starts at a random id: a late free meant for its predecessor finds nothing)
         self.hits = self.misses = self.evictions = self.stale_frees = 0
 
     # ── the buddy allocator ──
@@ -131,18 +137,19 @@ class BufferPool:
         size = self._block_size(nbytes)
         if size > self.largest:
             raise TooLarge(
-                f"a tensor of {_mib(nbytes)} does not fit the Tmp Buffer Pool, whose largest block is {_mib(self.largest)}: "
+                f"a request of {_size(nbytes)} does not fit the Tmp Buffer Pool, whose largest block is {_size(self.largest)}: "
                 "raise the pool size (flowc run --pool-mb / FLOWRT_POOL_MB)"
             )
         offset = self._take(size)
         while offset is None and self._evict_one():
             offset = self._take(size)
         if offset is None:
+            # Every idle cached block is gone by now, so what is not free is held by someone.
             stats = self.statistics()
             held = sum(b.size for b in self.live.values() if b.refs)
             raise PoolExhausted(
-                f"the Tmp Buffer Pool is exhausted: {_mib(nbytes)} asked, {_mib(stats['bytes_free'])} free "
-                f"(largest free block {_mib(stats['largest_free'])}), {_mib(held)} held by blocks in use; "
+                f"the Tmp Buffer Pool is exhausted: {_size(nbytes)} asked, {_size(stats['bytes_free'])} free "
+                f"(largest free block {_size(stats['largest_free'])}), {_size(held)} held by blocks in use; "
                 "raise the pool size (flowc run --pool-mb / FLOWRT_POOL_MB)"
             )
         block = Block(self.next_id, offset, size, nbytes, {holder: 1})
@@ -162,12 +169,14 @@ class BufferPool:
         return list(self.live.values())
 
     def add_ref(self, block_id: int, holder: Holder, n: int = 1) -> None:
+        _positive(n)
         block = self.block(block_id)
         block.refs[holder] = block.refs.get(holder, 0) + n
 
     def free(self, block_id: int, holder: Holder, n: int = 1) -> bool:
         """Drop `n` of `holder`'s refs; True if the block was reclaimed. A free of refs the
         holder does not have is ignored (and counted): a late free must never take another's."""
+        _positive(n)
         block = self.live.get(block_id)
         held = block.refs.get(holder, 0) if block is not None else 0
         if held <= 0:
@@ -197,10 +206,13 @@ class BufferPool:
         self._give_back(block.offset, block.size)
 
     def release_call(self, call: str) -> int:
-        return self._release(lambda holder: holder[0] == call)
+        """Drop every ref held under `call`; how many. "" names no call, so it releases nothing
+        (rather than every ref taken outside a call)."""
+        return self._release(lambda holder: holder[0] == call) if call else 0
 
     def release_process(self, process: str) -> int:
-        return self._release(lambda holder: holder[1] == process)
+        """Drop every ref held by `process`; how many ("" releases nothing, as for calls)."""
+        return self._release(lambda holder: holder[1] == process) if process else 0
 
     def _release(self, matches) -> int:
         dropped = 0
@@ -236,26 +248,27 @@ class BufferPool:
         self.add_ref(block_id, holder)
         return self.live[block_id]
 
-    def _evict_one(self) -> bool:
+    def _evict_one(self) -> int:
+        """Reclaim the least recently used idle cached block; its size, 0 if none is idle."""
         for key, block_id in self.lru.items():
             block = self.live[block_id]
             if not block.refs:
-                del self.lru[key]
+                del self.lru[key]  # (the loop ends here: deleting while iterating is safe)
                 block.cache_key = None
                 self._reclaim(block)
                 self.evictions += 1
-                return True
-        return False
+                return block.size
+        return 0
 
     def evict(self, nbytes_needed: int | None = None) -> int:
         """Evict idle cached blocks, oldest first, until `nbytes_needed` bytes came back (all of
         them if None); the bytes reclaimed."""
         reclaimed = 0
         while nbytes_needed is None or reclaimed < nbytes_needed:
-            idle = next((self.live[b] for b in self.lru.values() if not self.live[b].refs), None)
-            if idle is None or not self._evict_one():
+            size = self._evict_one()
+            if not size:
                 break
-            reclaimed += idle.size
+            reclaimed += size
         return reclaimed
 
     # ── lookups and statistics ──
@@ -277,7 +290,7 @@ class BufferPool:
                 if process:
                     by_process[process] += n
         allocated = sum(b.size for b in self.live.values())
-        return {
+        stats = {
             "capacity": self.capacity,
             "blocks": len(self.live),
             "idle_cached": sum(1 for b in self.lru.values() if not self.live[b].refs),
@@ -293,32 +306,53 @@ class BufferPool:
             "evictions": self.evictions,
             "stale_frees": self.stale_frees,
         }
+        return dict(sorted(stats.items()))
 
     def free_lists_snapshot(self) -> list[tuple[int, int]]:
         """The free blocks as sorted (offset, size) pairs."""
         return sorted((offset, size) for size, free in self.free_lists.items() for offset in free)
 
     def check(self) -> None:
-        """Assert the bookkeeping is consistent (the tests call it after every step)."""
+        """Raise AssertionError if the bookkeeping is inconsistent (the tests call it after every
+        step). Explicit raises rather than `assert`: `python -O` must not make it pass."""
         pieces = [(o, s, "free") for s, free in self.free_lists.items() for o in free]
-        pieces += [(b.offset, b.size, "live") for b in self.live.values()]
+        pieces += [(b.offset, b.size, f"block {b.id}") for b in self.live.values()]
         pieces.sort()
         at = 0
-        for offset, size, _ in pieces:
-            assert offset == at, f"gap or overlap at {at}: next piece starts at {offset}"
-            assert offset % size == self._root_of(offset)[0] % size, f"piece at {offset} of {size} is misaligned"
+        for offset, size, what in pieces:
+            _expect(offset == at, f"gap or overlap at {at}: the next piece ({what}) starts at {offset}")
+            _expect(size >= self.min_block and not size & (size - 1), f"{what} at {offset} has a size of {size}")
+            root, root_size = self._root_of(offset)
+            _expect((offset - root) % size == 0, f"{what} at {offset} of {size} is misaligned in its root at {root}")
+            _expect(offset + size <= root + root_size, f"{what} at {offset} of {size} crosses the end of its root")
             at = offset + size
-        assert at == self.capacity, f"pieces cover {at} of {self.capacity} bytes"
+        _expect(at == self.capacity, f"the pieces cover {at} of {self.capacity} bytes")
         for size, free in self.free_lists.items():
             for offset in free:
                 root, root_size = self._root_of(offset)
                 if size < root_size:
                     buddy = root + ((offset - root) ^ size)
-                    assert buddy not in free, f"free buddies at {offset} and {buddy} of {size} were not merged"
-        assert self.starts == sorted(self.by_offset), "sorted starts disagree with the live blocks"
-        assert all(self.by_offset[b.offset] is b for b in self.live.values())
-        for key, block_id in self.lru.items():
-            assert self.live[block_id].cache_key == key, f"LRU key {key} and its block disagree"
+                    _expect(buddy not in free, f"free buddies at {offset} and {buddy} of {size} were not merged")
+        _expect(self.starts == sorted(self.by_offset), "the sorted starts disagree with the live blocks")
+        _expect(len(self.by_offset) == len(self.live), "blocks by offset and by id differ in number")
         for block in self.live.values():
-            assert block.refs or block.cache_key is not None, f"block {block.id} is live with no ref and no key"
-            assert all(n > 0 for n in block.refs.values())
+            _expect(self.by_offset.get(block.offset) is block, f"block {block.id} is missing from the offset index")
+            _expect(0 < block.nbytes <= block.size, f"block {block.id} holds {block.nbytes} bytes in {block.size}")
+            _expect(block.id < self.next_id, f"block {block.id} has an id not handed out yet")
+            _expect(all(n > 0 for n in block.refs.values()), f"block {block.id} has a count that is not positive")
+            _expect(block.refs or block.cache_key is not None, f"block {block.id} is live with no ref and no key")
+            if block.cache_key is not None:
+                _expect(self.lru.get(block.cache_key) == block.id, f"block {block.id}'s key is not in the LRU")
+        for key, block_id in self.lru.items():
+            _expect(block_id in self.live, f"LRU key {key} names block {block_id}, which is not live")
+            _expect(self.live[block_id].cache_key == key, f"LRU key {key} and block {block_id} disagree")
+
+
+def _positive(n: int) -> None:
+    if n < 1:
+        raise PoolError(f"a reference count changes by at least 1, not {n}")
+
+
+def _expect(condition: object, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)

@@ -57,7 +57,7 @@ class Encoder:
                 return NotImplemented
             return self._handle(obj, "torch", str(obj.dtype).removeprefix("torch."), obj.data_ptr(), obj.is_contiguous())
         if kind is self.numpy.ndarray:
-            if obj.dtype.hasobject or obj.nbytes < INLINE_LIMIT:
+            if obj.dtype.hasobject or obj.dtype.fields is not None or obj.nbytes < INLINE_LIMIT:  # (records: pickled)
                 return NotImplemented
             return self._handle(obj, "numpy", obj.dtype.str, obj.ctypes.data, obj.flags.c_contiguous)
         return NotImplemented
@@ -81,8 +81,8 @@ class Encoder:
         client = self.client
         view = client.find_view(address, nbytes)
         if view is not None:
-            if kind == "torch" and obj._version != 0:
-                return None
+            if (kind == "torch" and obj._version != 0) or view.epoch != client.epoch:
+                return None  # written since it arrived, or its manager is gone: copied
             self._ref(view.block)
             return view.slab, view.epoch, view.block, view.offset, view.end - view.start, address - view.start
         slab_offset = client.slab_offset(address, nbytes)

@@ -1,0 +1,138 @@
+"""The MemoryManager on its socket (in a thread of the test, over real ZMQ ipc): garbage is
+counted and dropped and it keeps answering; refusals come back as errors; a dead client's refs
+and a dead gateway's calls are released by the sweep; weights and the barrier."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import msgspec
+import pytest
+import zmq
+
+from flowrt.memory import protocol as p
+from flowrt.memory.client import MemoryClient, MemoryRefused
+from flowrt.memory.manager import MemoryManager, serve
+from flowrt.transport.sockets import bind, ipc_endpoint, private_dir, remove_dir
+
+
+@pytest.fixture
+def manager():
+    directory = private_dir()
+    state = MemoryManager(1 << 20)
+    context = zmq.Context()
+    socket = context.socket(zmq.ROUTER)
+    endpoint = bind(socket, ipc_endpoint(directory, "memory"))
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(state, socket, None, stop.is_set), daemon=True)
+    thread.start()
+    state.endpoint = endpoint
+    yield state
+    stop.set()
+    thread.join(5)
+    context.destroy(linger=0)
+    state.close()
+    remove_dir(directory)
+    assert not os.path.exists(state.slab)
+
+
+def raw(endpoint: str, *messages: bytes) -> zmq.Socket:
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(endpoint)
+    for message in messages:
+        socket.send(message)
+    return socket
+
+
+def test_garbage_is_dropped_and_the_manager_keeps_answering(manager):
+    class Alien(msgspec.Struct, tag="alloc", array_like=True, tag_field="t"):
+        v: int
+        req: int
+        nbytes: str
+
+    socket = raw(
+        manager.endpoint,
+        b"\xff\x00 not msgpack",
+        msgspec.msgpack.encode(Alien(p.VERSION, 1, "lots")),
+        p.encode(p.Alloc(p.VERSION + 1, 2, 10, "c", "")),
+    )
+    socket.send_multipart([b"a", b"b"])  # two frames: not a request either
+    client = MemoryClient(manager.endpoint, "client", "test")
+    stats = client.statistics()
+    assert stats["garbage_requests"] == 4 and stats["blocks"] == 0
+    socket.close()
+    client.close()
+
+
+def test_refusals_are_errors_that_say_why(manager):
+    client = MemoryClient(manager.endpoint, "client", "test")
+    with pytest.raises(MemoryRefused, match="does not fit"):
+        client.alloc(1 << 40, call="1:1")
+    with pytest.raises(MemoryRefused, match="at least one byte"):
+        client.alloc(-5, call="1:1")
+    with pytest.raises(MemoryRefused, match="not in the pool"):
+        client.request(p.AddRef(p.VERSION, 0, 999, "1:1", ""))
+    with pytest.raises(MemoryRefused, match="released before"):
+        client.request(p.Adopt(p.VERSION, 0, client.alloc(10, call="1:1").block, "other", client.process))
+    with pytest.raises(MemoryRefused, match="positive size"):
+        client.request(p.Claim(p.VERSION, 0, "w", 0, "layout", client.process))
+    client.post(p.Free(p.VERSION, 0, 12345, "1:1", ""))  # a late free of nothing: ignored, counted
+    stats = client.statistics()
+    assert stats["stale_frees"] == 1 and stats["blocks"] == 1
+    client.post(p.ReleaseCall(p.VERSION, 0, "1:1"))
+    assert client.statistics()["blocks"] == 0
+    client.close()
+
+
+def test_the_sweep_releases_a_dead_process_and_a_dead_gateways_calls(manager):
+    code = (
+        "import sys; from flowrt.memory.client import MemoryClient; from flowrt.memory import protocol as p\n"
+        "c = MemoryClient(sys.argv[1], 'gateway', 'doomed')\n"
+        "c.alloc(4096, process=c.process); c.alloc(4096, call=c.process + ':7')\n"
+        "print(c.process)\n"
+    )
+    pid = subprocess.run(
+        [sys.executable, "-c", code, manager.endpoint], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    client = MemoryClient(manager.endpoint, "client", "test")
+    stats = client.statistics()
+    assert stats["refs_by_process"] == {pid: 1} and stats["refs_by_call"] == {f"{pid}:7": 1}
+    manager.sweep()  # (the serving loop does it every half second; here at once)
+    stats = client.statistics()
+    assert stats["blocks"] == 0 and pid not in stats["clients"]
+    client.close()
+
+
+def test_weights_have_one_owner_and_a_failed_owner_hands_over(manager):
+    owner = MemoryClient(manager.endpoint, "replica", "a/0")
+    first = owner.request(p.Claim(p.VERSION, 0, "m|tp1", 4096, "L1", "101"))
+    second = owner.request(p.Claim(p.VERSION, 0, "m|tp1", 4096, "L1", "102"))
+    assert (first.data["role"], second.data["role"]) == ("owner", "follower")
+    assert first.data["path"] == second.data["path"] and second.data["state"] == "loading"
+    with pytest.raises(MemoryRefused, match="another architecture"):
+        owner.request(p.Claim(p.VERSION, 0, "m|tp1", 4096, "L2", "103"))
+    owner.request(p.Loaded(p.VERSION, 0, "m|tp1", "OSError: no checkpoint"))
+    again = owner.request(p.Claim(p.VERSION, 0, "m|tp1", 4096, "L1", "102"))
+    assert again.data["role"] == "owner" and again.data["state"] == "loading"  # the follower loads now
+    owner.request(p.Loaded(p.VERSION, 0, "m|tp1", ""))
+    assert owner.request(p.Claim(p.VERSION, 0, "m|tp1", 4096, "L1", "104")).data["state"] == "ready"
+    owner.close()
+
+
+def test_the_barrier_waits_for_every_load_then_gives_the_minimum(manager):
+    client = MemoryClient(manager.endpoint, "replica", "a/0")
+
+    def arrive(name: str, phase: int, proposal: int = 0) -> dict:
+        return client.request(p.Arrive(p.VERSION, 0, "kv", phase, name, 2, proposal)).data
+
+    assert arrive("a/0", 1)["loaded"] == 1
+    assert "value" not in arrive("a/0", 2, 500)  # b/0 has not loaded: a proposal now does not count
+    assert arrive("b/0", 1)["loaded"] == 2
+    assert "value" not in arrive("a/0", 2, 500)
+    assert arrive("b/0", 2, 300)["value"] == 300
+    assert arrive("a/0", 2, 900)["value"] == 300  # sized once
+    client.close()
