@@ -172,3 +172,67 @@ def test_under_inproc_tensors_pass_by_reference_and_ctx_memory_works(tmp_path):
             assert second[0]["value"]["sum"] == 3 * n
 
     asyncio.run(main())
+
+
+STREAM = """
+placeholder request: Json
+
+role producer {
+    impl "stream_roles:Producer"
+    interface run { in request  out stream chunk: Tensor }
+}
+role consumer {
+    impl "stream_roles:Consumer"
+    interface run { in chunk  out stream total: Json }
+}
+
+graph g {
+    entry request
+    stream total ordered
+}
+"""
+
+STREAM_ROLES = """
+import asyncio, os, pathlib
+import torch
+
+
+class Producer:
+    async def run(self, ctx, request):
+        seen = pathlib.Path(request["dir"])
+        for i in range(request["chunks"]):
+            t = ctx.memory.empty((4 << 20,), torch.uint8)  # 4 MiB a chunk
+            t.fill_(i % 256)
+            yield {"chunk": t}
+            del t
+            for _ in range(3000):  # until the consumer has taken it (bounded: 30 s)
+                if (seen / str(i)).exists():
+                    break
+                await asyncio.sleep(0.01)
+
+
+class Consumer:
+    async def run(self, ctx, chunk):
+        value = int(chunk[0])
+        (pathlib.Path(os.environ["SEEN"]) / str(ctx.call_id * 0 + value)).touch()
+        return {"total": value}
+"""
+
+
+def test_a_stream_of_pool_tensors_frees_each_block_as_it_is_consumed(tmp_path, monkeypatch):
+    """40 chunks of 4 MiB through a 64 MiB pool: it only fits if every chunk's block goes back
+    once its consumer is done, long before the producer's activation ends."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    monkeypatch.setenv("SEEN", str(seen))
+    bundle = bundle_with_roles(STREAM, STREAM_ROLES, tmp_path, module="stream_roles")
+
+    async def main():
+        async with deployed(bundle, pool_mb=64) as deployment:
+            events = await calls(deployment.runtime, "g", {"request": {"chunks": 40, "dir": str(seen)}})
+            assert events[-1]["status"] == "ok", events[-1]
+            assert [e["value"] for e in events if e["event"] == "stream"] == list(range(40))
+            await assert_clean_everywhere(deployment)
+            assert deployment.memory_statistics()["blocks"] == 0
+
+    asyncio.run(main())

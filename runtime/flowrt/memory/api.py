@@ -15,6 +15,7 @@ where nothing crosses a process: tensors are ordinary ones and a shared model is
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import OrderedDict
 from typing import Any
@@ -31,7 +32,7 @@ class ProcessMemory:
     def __init__(self, client: MemoryClient, call: str = ""):
         self.client = client
         self.call = call  # "" in setup: the process holds what it takes
-        self.taken: list[int] = []  # an activation's blocks, released when it ends (`release`)
+        self.taken: list[Any] = []  # an activation's refs: what frees each, run once when it ends (`release`)
 
     def for_call(self, call: str) -> ProcessMemory:
         """The `ctx.memory` of one activation of call `call`."""
@@ -39,8 +40,8 @@ class ProcessMemory:
 
     def release(self) -> None:
         """The activation ended: drop its refs (the frames it sent hold their own)."""
-        for block in self.taken:
-            self.client.post(p.Free(p.VERSION, 0, block, self.call, ""))
+        for free in self.taken:
+            free()  # (a weakref.finalize runs once: a block whose tensor died earlier was freed then)
         self.taken = []
 
     def _holder(self) -> dict:
@@ -66,16 +67,15 @@ class ProcessMemory:
         return self._block(nbytes)[: int(numpy.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
 
     def _block(self, nbytes: int) -> Any:
-        """A new block's bytes as a numpy array over the shared slab; a block the process holds
-        is freed when the last view of it goes (an activation's, when its call ends)."""
+        """A new block's bytes as a numpy array over the shared slab."""
         import numpy
 
         reply = self.client.alloc(nbytes, **self._holder())
         base = numpy.frombuffer(self.client.mapping.map, dtype=numpy.uint8, count=nbytes, offset=reply.offset)
+        # freed when the last view of it goes (a stream's blocks do not pile up), or when the activation ends
+        free = weakref.finalize(base, self.client.post, p.Free(p.VERSION, 0, reply.block, **self._holder()))
         if self.call:
-            self.taken.append(reply.block)
-        else:
-            weakref.finalize(base, self.client.post, p.Free(p.VERSION, 0, reply.block, "", self.client.process))
+            self.taken.append(free)
         return base
 
     def cache(self, tensor: Any, key: str) -> None:
@@ -96,7 +96,7 @@ class ProcessMemory:
         if not reply.block:
             return None
         if self.call:
-            self.taken.append(reply.block)
+            self.taken.append(functools.partial(self.client.post, p.Free(p.VERSION, 0, reply.block, self.call, "")))
         from flowrt.memory.tensors import Decoder
 
         meta = reply.data
