@@ -239,7 +239,10 @@ def test_a_killed_memory_manager_ends_the_calls_in_flight_and_is_restarted(tmp_p
             await wait_for(started.exists, 30, "a call holding a block")
             os.kill(first, signal.SIGKILL)
             events = await call
-            assert events[-1]["status"] != "ok" and "memory manager" in str(events[-1]), events
+            done = events[-1]
+            assert done["status"] == "error", events
+            assert [e["where"] for e in done["errors"]] == ["memory manager"], done
+            assert "memory manager (pid" in done["errors"][0]["message"] and "died" in done["errors"][0]["message"], done
             await wait_for(lambda: manager.pid not in (None, first), 30, "a new memory manager")
             assert "blocks" in deployment.memory_statistics()
             after = await calls(deployment.runtime, "g", {"request": {"mb": 8}})

@@ -23,6 +23,7 @@ cdef class Call(Delivery):
     cdef _unblock(self)
     cdef _finish(self)
     cpdef cancel(self, str reason=*)
+    cpdef fail(self, str message, str where)
     @cython.locals(node=NodeProgram, sequencer=Sequencer, consumer=OrderConsumer, reset=Py_ssize_t, producer=Activation)
     cdef _schedule(self, Activation act)
     cdef _spawn(self, object act)

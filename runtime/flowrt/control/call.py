@@ -138,7 +138,12 @@ class Call(Delivery):
                 self._emit({"event": "stream", "field": self.program.streams[stream][0], "value": heappop(held)[2]})
         missing = [f for f in self.program.returns if f not in self.returned]
         errored_outputs = self.errored | ({*missing} if self.errors else set())
-        status = "cancelled" if self.cancelled else ("error" if self.errors and errored_outputs else "ok")
+        if self.failed:
+            status = "error"
+        elif self.cancelled:
+            status = "cancelled"
+        else:
+            status = "error" if self.errors and errored_outputs else "ok"
         self.buckets.clear()
         self.resolved.clear()
         self.sequencers.clear()
@@ -167,6 +172,15 @@ class Call(Delivery):
         self.cancel_reason = reason
         for task in list(self.tasks):
             task.cancel()
+
+    def fail(self, message: str, where: str) -> None:
+        """End the call with status "error": something outside the roles that it needed (`where`,
+        e.g. "memory manager") is gone. The error names it; the call's work is cancelled."""
+        if self.cancelled or self.ended:
+            return
+        self.errors.append({"role": "", "interface": "", "message": message, "where": where})
+        self.failed = True
+        self.cancel(message)
 
     # ── activations ──
 

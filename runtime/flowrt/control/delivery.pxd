@@ -21,7 +21,7 @@ cdef class Delivery:
     cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored, order_waiting
     cdef public Activation producer
     cdef public list outbox_waiters
-    cdef public bint cancelled, ended, custom_tasks
+    cdef public bint cancelled, failed, ended, custom_tasks
     cdef public str cancel_reason
 
     cdef Py_ssize_t _aid(self)

@@ -70,6 +70,7 @@ class Delivery:
         self.eager_depth = 0
         self.last_aid = 0
         self.cancelled = False
+        self.failed = False  # cancelled because the deployment lost something the call needed (fail)
         self.cancel_reason = ""  # why it was cancelled: "timeout", "client gone", "shutdown"
         self.ended = False  # the `done` event is out; every table of the call is empty
         self.end_waiters: list[asyncio.Future] | None = None

@@ -136,6 +136,11 @@ class Runtime:
         for call in list(self.calls):
             call.cancel(reason)
 
+    def fail_all(self, message: str, where: str) -> None:
+        """End every call in flight with status "error": `where` (a part of the deployment) failed."""
+        for call in list(self.calls):
+            call.fail(message, where)
+
     # ── roles ──
 
     async def _instantiate(self, overrides: dict[str, list[Any]]) -> None:

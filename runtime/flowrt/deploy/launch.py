@@ -12,6 +12,7 @@ process holds.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,5 +119,5 @@ async def open_deployment(
     except BaseException:
         await supervisor.close()
         raise
-    supervisor.memory_down = runtime.cancel_all
+    supervisor.memory_down = functools.partial(runtime.fail_all, where="memory manager")
     return Deployment(kind, runtime, supervisor)
