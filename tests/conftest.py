@@ -19,6 +19,12 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+# Network tests stay on loopback: Ray's clusters (its nodes, GCS and workers, read when Ray is
+# imported and inherited by every process it starts) and flowrt's tcp endpoints
+# (flowrt.transport.sockets.host_address) use 127.0.0.1, not this machine's outward address.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("FLOWRT_HOST", "127.0.0.1")
+
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "golden"
 EXAMPLES = sorted(REPO.glob("examples/*/pipeline.flow"))

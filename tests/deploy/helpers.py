@@ -70,6 +70,8 @@ async def assert_clean_everywhere(deployment) -> None:
     memory = stats.get("memory")
     if memory is not None:  # no block held for a call or by the gateway (a replica's setup may hold some)
         assert memory["refs_by_call"] == {} and str(os.getpid()) not in memory["refs_by_process"], memory
+        for node, other in memory.get("nodes", {}).items():  # (Ray: the managers of the other nodes)
+            assert other["refs_by_call"] == {}, (node, other)
 
 
 def free_port() -> int:

@@ -39,6 +39,46 @@ def manager():
     assert not os.path.exists(state.slab)
 
 
+@pytest.fixture
+def other_manager():
+    """A second manager: another machine's, as far as a client of the first can tell."""
+    directory = private_dir()
+    state = MemoryManager(1 << 20)
+    context = zmq.Context()
+    socket = context.socket(zmq.ROUTER)
+    state.endpoint = bind(socket, ipc_endpoint(directory, "memory"))
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(state, socket, None, stop.is_set), daemon=True)
+    thread.start()
+    yield state
+    stop.set()
+    thread.join(5)
+    context.destroy(linger=0)
+    state.close()
+    remove_dir(directory)
+
+
+def test_a_handle_of_another_manager_is_refused_not_mapped_or_adopted(manager, other_manager):
+    pytest.importorskip("numpy", reason="tensors need numpy (pip install 'flowc[torch]')")
+    import numpy
+
+    from flowrt.memory.client import MemoryError_
+    from flowrt.memory.tensors import Decoder, Encoder
+    from flowrt.transport import codec
+
+    there = MemoryClient(other_manager.endpoint, "replica", "far/0")
+    here = MemoryClient(manager.endpoint, "gateway", "gateway")
+    try:
+        frames = codec.dumps({"x": numpy.ones(1 << 15)}, Encoder(there, "9:1"))
+        with pytest.raises(MemoryError_, match="no memory manager of this process's machine holds"):
+            codec.loads(frames, Decoder(here, adopt=True))
+        assert here.statistics()["refs_by_process"] == {}  # nothing adopted from the foreign block
+        assert codec.loads(frames, Decoder(there))["x"].sum() == 1 << 15  # its own manager's client maps it
+    finally:
+        there.close()
+        here.close()
+
+
 def raw(endpoint: str, *messages: bytes) -> zmq.Socket:
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)

@@ -65,13 +65,18 @@ class Deployment:
 
     def memory_statistics(self) -> dict[str, Any]:
         """The memory manager's statistics (blocks, bytes, refs by call and by process, LRU hits),
-        or {"unanswered": why} while it is down."""
+        or {"unanswered": why} while it is down; under Ray, those of the other nodes' managers
+        under `nodes`, by node id."""
         from flowrt.memory.client import MemoryError_
 
         try:
-            return self.supervisor.memory.statistics(timeout=STATS_TIMEOUT)
+            stats = self.supervisor.memory.statistics(timeout=STATS_TIMEOUT)
         except MemoryError_ as error:
-            return {"unanswered": str(error)}
+            stats = {"unanswered": str(error)}
+        others = getattr(self.supervisor, "node_statistics", dict)()
+        if others:  # (Ray: a manager on each node with replicas; the gateway's node's is above)
+            stats["nodes"] = others
+        return stats
 
 
 async def open_deployment(

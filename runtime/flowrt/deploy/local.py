@@ -79,6 +79,7 @@ class LocalSupervisor:
         self.manager: Any = None  # the machine's MemoryManager process (flowrt.memory.keeper)
         self.memory: Any = None  # the gateway's MemoryClient
         self.memory_down: Any = lambda reason: None  # set by open_deployment: ends the calls in flight
+        self.pool_nbytes = 0
         self.registry = registry
         self.ttl = ttl
         self.debug = debug
@@ -133,6 +134,7 @@ class LocalSupervisor:
             )
             self.registry_endpoint = getattr(self.source, "endpoint", "")  # (tcp: the port chosen)
             self.source.start()
+            await self._prepare(expected)
             await self._start_memory()
             self.ticker = asyncio.ensure_future(self._tick())
             for role, replica in expected:
@@ -150,17 +152,20 @@ class LocalSupervisor:
             if str(path) not in sys.path:
                 sys.path.insert(0, str(path))
 
+    async def _prepare(self, expected: list[tuple[str, int]]) -> None:
+        """Before the memory managers start: where the replicas will run (under Ray, the actors
+        are placed first, so that each node they land on gets a manager)."""
+
     async def _start_memory(self) -> None:
-        """Start the machine's memory manager and connect the gateway to it (the data plane
+        """Start the memory managers and connect the gateway to its machine's (the data plane
         needs numpy; without it, or with a pool of 0 MiB, frames are pickled whole)."""
         from flowrt.memory.keeper import MemoryStartError, pool_bytes
 
         if self.pool_mb == 0 or importlib.util.find_spec("numpy") is None:
             return
         try:
-            nbytes = pool_bytes(self.pool_mb)
-            self.manager = self._memory_manager(nbytes)
-            await self.manager.start()
+            self.pool_nbytes = pool_bytes(self.pool_mb)
+            self.manager = await self._start_managers()
         except MemoryStartError as error:
             raise DeployError(f"{error}; give a smaller pool (--pool-mb) or free /dev/shm") from None
         from flowrt.memory.client import MemoryClient, MemoryError_
@@ -171,11 +176,14 @@ class LocalSupervisor:
             raise DeployError(str(error)) from None
         self.remote.use_memory(self.memory)
 
-    def _memory_manager(self, nbytes: int) -> Any:
-        """The machine's manager, not started: a process of ours (under Ray, an actor)."""
+    async def _start_managers(self) -> Any:
+        """The machine's manager, started: a process of ours (under Ray, an actor per node);
+        returns the one on the gateway's machine."""
         from flowrt.memory.keeper import ManagerProcess
 
-        return ManagerProcess(self.endpoint("memory"), nbytes, debug=self.debug, on_down=self._memory_down)
+        self.manager = ManagerProcess(self.endpoint("memory"), self.pool_nbytes, debug=self.debug, on_down=self._memory_down)
+        await self.manager.start()
+        return self.manager
 
     def _memory_down(self, reason: str) -> None:
         self.memory_down(f"{reason}: the shared tensors of the calls in flight are lost")

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from flowrt.deploy.local import DeployError, LocalSupervisor, Process
@@ -28,6 +29,7 @@ from flowrt.transport.sockets import alive
 
 GPU_STAND_IN = "flowc_gpu"
 STOP_WAIT = 10.0  # seconds for killed actors' processes to exit
+STATS_WAIT = 1.0  # seconds a node's manager has to answer for /stats
 log = logging.getLogger("flowrt.deploy")
 
 
@@ -65,6 +67,7 @@ class ReplicaActorBody:
         group = context.get_placement_group_id()
         return {
             "pid": os.getpid(),
+            "node": context.get_node_id(),
             "placement_group": group,
             "resources": {k: v for k, v in context.get_assigned_resources().items()},
             "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
@@ -76,9 +79,11 @@ class ReplicaActorBody:
 
 
 class MemoryActorBody:
-    """The MemoryManager of one node as a Ray actor: Ray restarts it if it dies (the same
-    endpoint; a new slab), and `wait` returns only when it stops, so the supervisor learns of a
-    death when that call fails."""
+    """The MemoryManager of one node as a Ray actor: Ray restarts it if it dies (with the same
+    configuration, so the same endpoint; a new slab), and `wait` returns only when it stops, so
+    the supervisor learns of a death when that call fails. On the gateway's node it listens in
+    the deployment's socket directory; on any other node, in a directory of its own named
+    after the deployment (stable across restarts, removed when it stops)."""
 
     def __init__(self, config: dict):
         import threading
@@ -86,35 +91,70 @@ class MemoryActorBody:
         import zmq
 
         from flowrt.memory.manager import MemoryManager, serve
-        from flowrt.transport.sockets import bind
+        from flowrt.transport.sockets import bind, ipc_endpoint
 
+        self.directory: Path | None = None
+        endpoint = config["endpoint"]
+        if endpoint is None:
+            self.directory = node_socket_dir(config["deployment"])
+            endpoint = ipc_endpoint(self.directory, "memory")
         self.manager = MemoryManager(config["pool_bytes"])
         self.context = zmq.Context()
         socket = self.context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.LINGER, 0)
-        self.endpoint = bind(socket, config["endpoint"])
+        self.endpoint = bind(socket, endpoint)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=serve, args=(self.manager, socket, None, self.stopped.is_set), daemon=True)
         self.thread.start()
+        self.client: Any = None  # asks the manager for its statistics (its thread owns its tables)
+        self.client_lock = threading.Lock()
 
     def info(self) -> dict:
         return {"endpoint": self.endpoint, "slab": self.manager.slab, "pid": os.getpid()}
+
+    def statistics(self) -> dict:
+        from flowrt.memory.client import MemoryClient
+
+        with self.client_lock:
+            if self.client is None:
+                self.client = MemoryClient(self.endpoint, "supervisor", "statistics")
+            return self.client.statistics(timeout=STATS_WAIT)
 
     def wait(self) -> None:
         self.stopped.wait()
 
     def stop(self) -> None:
+        import shutil
+
         self.stopped.set()
         self.thread.join(timeout=2)
+        if self.client is not None:
+            self.client.close()
         self.manager.close()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def node_socket_dir(deployment: str) -> Path:
+    """The socket directory of a deployment's manager on a node other than the gateway's: 0700,
+    this user's (another's of that name is refused), the same path after a restart."""
+    base = Path(os.environ.get("FLOWRT_SOCKET_DIR") or "/tmp")
+    path = base / f"flowrt-mem-{deployment}"  # ("mem", not a PID: the sweep of dead gateways' directories leaves it)
+    path.mkdir(mode=0o700, exist_ok=True)
+    if path.is_symlink() or path.stat().st_uid != os.getuid():
+        raise PermissionError(f"{path} is not this user's directory; remove it or set FLOWRT_SOCKET_DIR")
+    os.chmod(path, 0o700)
+    return path
 
 
 class RayMemory:
-    """The supervisor's handle on the node's manager actor (as flowrt.memory.keeper's
+    """The supervisor's handle on one node's manager actor (as flowrt.memory.keeper's
     ManagerProcess for `local`: start, pid, endpoint, slab, restarts, close)."""
 
-    def __init__(self, ray: Any, name: str, endpoint: str, nbytes: int, on_down: Any):
-        self.ray, self.name, self.endpoint, self.nbytes, self.on_down = ray, name, endpoint, nbytes, on_down
+    def __init__(self, ray: Any, deployment: str, node: str, endpoint: str | None, nbytes: int, on_down: Any, local: bool):
+        self.ray, self.deployment, self.node, self.nbytes, self.on_down = ray, deployment, node, nbytes, on_down
+        self.endpoint = endpoint  # None: the actor picks one on its node
+        self.local = local  # on this machine (its PID means something here)
         self.actor: Any = None
         self.pid: int | None = None
         self.slab = ""
@@ -127,19 +167,21 @@ class RayMemory:
 
         from flowrt.memory.keeper import MemoryStartError
 
-        node = self.ray.get_runtime_context().get_node_id()  # the gateway's node: the one the replicas share here
         body = self.ray.remote(MemoryActorBody).options(
-            name=self.name,
+            name=f"{self.deployment}-memory-{self.node[:12]}",
             num_cpus=0,
             max_restarts=-1,
             max_concurrency=4,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node, soft=False),
         )
-        self.actor = body.remote({"pool_bytes": self.nbytes, "endpoint": self.endpoint})
+        config = {"pool_bytes": self.nbytes, "endpoint": self.endpoint, "deployment": self.deployment}
+        self.actor = body.remote(config)
         try:
             await self._learn()
         except Exception as error:  # noqa: BLE001 - Ray's errors: one line
-            raise MemoryStartError(f"its Ray actor failed: {str(error).strip().splitlines()[-1]}") from None
+            raise MemoryStartError(
+                f"its Ray actor on node {self.node[:12]} failed: {str(error).strip().splitlines()[-1]}"
+            ) from None
         self.watcher = asyncio.ensure_future(self._watch())
 
     async def _learn(self) -> None:
@@ -158,11 +200,18 @@ class RayMemory:
             except Exception:  # noqa: BLE001 - RayActorError: it died; Ray starts it again
                 if self.stopping:
                     return
-                slab.remove(self.slab)
-                self.on_down(f"the memory manager (pid {self.pid}, a Ray actor) died")
+                if self.local:
+                    slab.remove(self.slab)  # (elsewhere the restarted manager sweeps it: slab.sweep)
+                self.on_down(f"the memory manager (pid {self.pid}, a Ray actor on node {self.node[:12]}) died")
                 with contextlib.suppress(Exception):
                     await self._learn()
                     self.restarts += 1
+
+    def statistics(self) -> dict:
+        try:
+            return self.ray.get(self.actor.statistics.remote(), timeout=STATS_WAIT + 1)
+        except Exception as error:  # noqa: BLE001 - Ray's errors: one line
+            return {"unanswered": str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__}
 
     async def close(self) -> None:
         from flowrt.memory import slab
@@ -175,16 +224,19 @@ class RayMemory:
                 self.ray.kill(self.actor, no_restart=True)
         if self.watcher is not None:
             self.watcher.cancel()
-        if self.pid is not None:
+        if self.pid is not None and self.local:
             await _gone([self.pid], STOP_WAIT)
-        slab.remove(self.slab)
+        if self.local:
+            slab.remove(self.slab)
 
 
 class RaySupervisor(LocalSupervisor):
     def __init__(self, bundle, registry: str | None, ttl: float, address: str | None, debug: bool = False, pool_mb=None):
-        # a cluster of other machines: no data plane yet (a pool is one machine's shared memory)
-        super().__init__(bundle, registry, ttl, debug, pool_mb=0 if address is not None else pool_mb)
+        super().__init__(bundle, registry, ttl, debug, pool_mb=pool_mb)
         self.address = address
+        self.gateway_node = ""  # the Ray node this process (the gateway) runs on
+        self.managers: dict[str, RayMemory] = {}  # node id -> that node's memory manager actor
+        self.created: dict[tuple[str, int], Any] = {}  # actors placed by _prepare, not serving yet
         self.ray = _ray()
         self.owns_cluster = False
         self.actor_class: Any = None
@@ -205,6 +257,7 @@ class RaySupervisor(LocalSupervisor):
         plan = self._launch_plan()
         self._connect(plan)  # (on the main thread: ray.init installs signal handlers)
         self.actor_class = self.ray.remote(max_restarts=0, max_concurrency=64)(ReplicaActorBody)
+        self.gateway_node = self.ray.get_runtime_context().get_node_id()
         await self._place(plan)
         await super().start()
 
@@ -289,12 +342,12 @@ class RaySupervisor(LocalSupervisor):
                     f"{pg.bundle_specs}; add nodes or lower the role's gpus"
                 ) from None
 
-    async def _spawn(self, process: Process) -> None:
+    def _create(self, key: tuple[str, int]) -> Any:
+        """A new actor for replica `key`, placed as the launch plan says (not serving yet)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        key = (process.role, process.replica)
         place = self.placement.get(key, {"group": None, "bundle_index": None, "num_cpus": 1, "num_gpus": 0, "owner": None})
-        options: dict[str, Any] = {"num_cpus": place["num_cpus"], "name": f"{self.deployment}-{process.role}-{process.replica}"}
+        options: dict[str, Any] = {"num_cpus": place["num_cpus"], "name": f"{self.deployment}-{key[0]}-{key[1]}"}
         resources = self._resources(0, place["num_gpus"])
         resources.pop("CPU")
         if self.gpu_key == "GPU":
@@ -305,18 +358,74 @@ class RaySupervisor(LocalSupervisor):
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=self.groups[place["group"]], placement_group_bundle_index=place["bundle_index"]
             )
+        return self.actor_class.options(**options).remote()
+
+    async def _prepare(self, expected: list[tuple[str, int]]) -> None:
+        """Every replica's actor placed before the managers start: the nodes they landed on are
+        the nodes that get a manager, and each replica counts its node's processes for the
+        kv_pool_barrier."""
+        actors = {key: self._create(key) for key in expected}
+        self.created.update(actors)
+        places = await asyncio.gather(*(actor.where.remote() for actor in actors.values()))
+        self.where.update(zip(actors, places, strict=True))
+
+    async def _start_managers(self) -> RayMemory:
+        for node in sorted({self.gateway_node} | {where["node"] for where in self.where.values()}):
+            await self._node_manager(node)
+        return self.managers[self.gateway_node]
+
+    async def _node_manager(self, node: str) -> RayMemory:
+        """Node `node`'s memory manager, started the first time a replica lands there."""
+        manager = self.managers.get(node)
+        if manager is None:
+            here = node == self.gateway_node
+            endpoint = LocalSupervisor.endpoint(self, "memory") if here else None  # (ipc: a manager serves its own node)
+            local = here or self.address is None
+            manager = RayMemory(self.ray, self.deployment, node, endpoint, self.pool_nbytes, self._memory_down, local)
+            self.managers[node] = manager  # (before it starts: close() stops a half-started one)
+            await manager.start()
+        return manager
+
+    def config(self, process: Process) -> dict:
+        config = super().config(process)
+        where = self.where.get((process.role, process.replica))
+        if config["memory"] is not None and where is not None:
+            node = where["node"]
+            config["memory"] = {
+                "endpoint": self.managers[node].endpoint,
+                "participants": sum(1 for other in self.where.values() if other["node"] == node),
+                "gateway_shares": node == self.gateway_node,
+            }
+        return config
+
+    async def _spawn(self, process: Process) -> None:
+        key = (process.role, process.replica)
+        actor = self.created.pop(key, None)
+        if actor is None:  # a restart: placed now, maybe on another node
+            actor = self._create(key)
+            self.where[key] = await actor.where.remote()
+        self.actors[key] = actor
+        node = self.where[key]["node"]
+        if self.manager is not None:
+            await self._node_manager(node)
+            if node == self.gateway_node:
+                self.remote.foreign.discard(key)
+            else:
+                self.remote.foreign.add(key)
         config = self.config(process)
         config["parent"] = None  # Ray owns the actor's lifetime
-        if place["owner"] is not None:
+        place = self.placement.get(key)
+        if place is not None and place["owner"] is not None:
             owner = self.where.get((place["owner"][0], int(place["owner"][1])))
             config["cuda_visible_devices"] = ",".join(owner["gpu_ids"]) if owner and owner["gpu_ids"] else None
-        actor = self.actor_class.options(**options).remote()
-        self.actors[key] = actor
         process.started += 1
         process.proc = None
         serving = actor.serve.remote(config)
-        self.where[key] = await actor.where.remote()
         process.watcher = asyncio.ensure_future(self._watch_actor(process, serving))
+
+    def node_statistics(self) -> dict[str, dict]:
+        """The statistics of the managers on other nodes than the gateway's, by node id."""
+        return {node: manager.statistics() for node, manager in sorted(self.managers.items()) if node != self.gateway_node}
 
     async def _watch_actor(self, process: Process, serving: Any) -> None:
         ray = self.ray
@@ -341,9 +450,6 @@ class RaySupervisor(LocalSupervisor):
             return
         await self._restart(process)
 
-    def _memory_manager(self, nbytes: int) -> RayMemory:
-        return RayMemory(self.ray, f"{self.deployment}-memory", self.endpoint("memory"), nbytes, self._memory_down)
-
     def _down(self, record, reason: str) -> None:
         self.remote.on_down(record, reason)
         actor = self.actors.get((record.role, record.replica))
@@ -356,6 +462,9 @@ class RaySupervisor(LocalSupervisor):
 
     async def close(self) -> None:
         self.stopping = True
+        for actor in self.created.values():  # (placed, never served: the start failed before)
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor, no_restart=True)
         for actor in self.actors.values():
             with contextlib.suppress(Exception):
                 actor.stop.remote()
@@ -374,6 +483,9 @@ class RaySupervisor(LocalSupervisor):
             if process.watcher is not None and not process.watcher.done():
                 process.watcher.cancel()
         await super().close()
+        for manager in self.managers.values():
+            if manager is not self.manager:
+                await manager.close()
         if self.owns_cluster:
             self.ray.shutdown()
 

@@ -104,6 +104,7 @@ class Remote:
         self.up_event = asyncio.Event()  # set whenever a replica comes up (tests and start-up wait on it)
         self.memory: Any = None  # the gateway's MemoryClient, where the deployment runs a manager
         self.decoder: Any = None
+        self.foreign: set[tuple[str, int]] = set()  # replicas on other machines than the gateway's manager: pickled tensors
         self.pid = os.getpid()
 
     def use_memory(self, client: Any) -> None:
@@ -222,7 +223,7 @@ class Remote:
     def _start(self, link: Link, start: m.Start, inputs: dict, uses: dict | None) -> Pending:
         pending = Pending(start.act, link, uses)
         encoder = None
-        if self.memory is not None:
+        if self.memory is not None and (link.record.role, link.record.replica) not in self.foreign:
             from flowrt.memory.tensors import Encoder
 
             pending.call = self.call_key(start.call_id)

@@ -109,7 +109,9 @@ class Replica:
         self.decoder = Decoder(client)
 
     def encoder(self, call: str) -> Any:
-        if self.memory is None:
+        """The data plane's side of sending a frame: None where the gateway is on another
+        machine (its frames' tensors are pickled whole: a handle would mean nothing there)."""
+        if self.memory is None or not self.config["memory"].get("gateway_shares", True):
             return None
         from flowrt.memory.tensors import Encoder
 

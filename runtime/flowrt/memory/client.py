@@ -68,6 +68,7 @@ class MemoryClient:
         self.sending = False
         self.reqs = itertools.count(1)
         self.epoch = ""
+        self.epochs: set[str] = set()  # every manager this client has talked to (the current one's and those before)
         self.mapping: Mapping | None = None
         self.mappings: dict[str, Mapping] = {}  # slab path -> its mapping (an old manager's too, while views need it)
         self.starts: list[int] = []  # sorted start addresses of live views
@@ -129,7 +130,17 @@ class MemoryClient:
     def _follow(self, reply: p.Reply) -> None:
         if reply.epoch and reply.epoch != self.epoch:
             self.epoch = reply.epoch
+            self.epochs.add(reply.epoch)
             self.mapping = self.mapped(reply.slab)
+
+    def knows(self, epoch: str) -> bool:
+        """Whether `epoch` is a manager this client talks to (or did): after asking the
+        manager again, in case it was restarted since this client last heard from it. A
+        handle of any other manager (another machine's) must not be mapped or adopted here."""
+        if epoch in self.epochs:
+            return True
+        self.request(p.Hello(p.VERSION, 0, int(self.process), self.kind, self.name))
+        return epoch in self.epochs
 
     def mapped(self, path: str) -> Mapping:
         mapping = self.mappings.get(path)

@@ -147,6 +147,11 @@ class Decoder:
         call: str,
     ) -> Any:
         client = self.client
+        if not client.knows(epoch):
+            raise MemoryError_(
+                f"a frame carries a tensor in {slab}, which no memory manager of this process's machine holds "
+                "(another machine's, or one that died): it cannot be mapped here"
+            )
         buffer = client.view(slab, epoch, block, offset, size)
         if self.adopt:
             client.post(p.Adopt(p.VERSION, 0, block, call, client.process))

@@ -88,7 +88,12 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
 
 
 def host_address() -> str:
-    """This machine's address as other machines would dial it (for tcp endpoints)."""
+    """This machine's address as other machines would dial it (for tcp endpoints):
+    $FLOWRT_HOST if set (a machine with several networks, or loopback only), else the address
+    of the interface that routes outwards."""
+    override = os.environ.get("FLOWRT_HOST", "").strip()
+    if override:
+        return override
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect(("10.255.255.255", 1))  # no packet is sent: this picks the outgoing interface
