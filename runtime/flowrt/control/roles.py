@@ -98,7 +98,9 @@ class RoleBinding:
             method = node.methods[replica]
             if method is None:
                 raise AttributeError(f"{type(self.instances[replica]).__name__} has no method `{node.method}`")
-            result = method(Context(session, call_id, graph, self.name, node.method, uses, self.log, replica, self.memory), **inputs)
+            result = method(
+                Context(session, call_id, graph, self.name, node.method, uses, self.log, replica, self.memory), **inputs
+            )
             self.load[replica] += 1
             return replica, result, ()
         for replica, method in enumerate(node.methods):
@@ -108,7 +110,9 @@ class RoleBinding:
         try:
             for replica, method in enumerate(node.methods):
                 results.append(
-                    method(Context(session, call_id, graph, self.name, node.method, uses, self.log, replica, self.memory), **inputs)
+                    method(
+                        Context(session, call_id, graph, self.name, node.method, uses, self.log, replica, self.memory), **inputs
+                    )
                 )
         except BaseException:
             self._discard(results)  # a replica refused its inputs: none of them runs

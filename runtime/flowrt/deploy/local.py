@@ -219,9 +219,7 @@ class LocalSupervisor:
             "gateway_pid": os.getpid(),  # (the memory manager's call keys are GATEWAY_PID:CALL_ID)
             "debug": self.debug,
             "sys_path": [p for p in sys.path if p],
-            "memory": None
-            if self.manager is None
-            else {"endpoint": self.manager.endpoint, "participants": len(self.expected())},
+            "memory": None if self.manager is None else {"endpoint": self.manager.endpoint, "participants": len(self.expected())},
         }
 
     async def _spawn(self, process: Process) -> None:

@@ -102,7 +102,9 @@ class Replica:
         from flowrt.memory.tensors import Decoder
 
         try:
-            client = MemoryClient(memory["endpoint"], "replica", f"{self.role_name}/{self.index}", participants=memory["participants"])
+            client = MemoryClient(
+                memory["endpoint"], "replica", f"{self.role_name}/{self.index}", participants=memory["participants"]
+            )
         except MemoryError_ as error:
             raise FlowrtError(f"replica {self.index} of role `{self.role_name}`: {error}") from None
         self.memory = ProcessMemory(client)
@@ -200,7 +202,9 @@ class Replica:
     def send(self, peer: bytes, envelope: m.Message, payload: Any = None, *, bare: bool = False, call: str = "") -> None:
         """Send `envelope` (and `payload`, pickled; its large tensors put in the pool for `call`)
         to the gateway `peer`; codec.Unpicklable if the payload cannot cross processes."""
-        frames = [m.encode(envelope)] if bare else [m.encode(envelope), *codec.dumps(payload, self.encoder(call) if call else None)]
+        frames = (
+            [m.encode(envelope)] if bare else [m.encode(envelope), *codec.dumps(payload, self.encoder(call) if call else None)]
+        )
         out = self.outboxes.get(peer)
         if out is None:
             out = self.outboxes[peer] = Coalescer(self.socket, self.reader, asyncio.get_running_loop(), [peer])
