@@ -1,11 +1,14 @@
 """The documentation compiles: every ```flow example checks clean and is canonically formatted,
-and the diagnostic catalogue matches the registry."""
+the diagnostic catalogue matches the registry, every command is in the README, and the CI
+guide's commands, workflow and pre-commit configurations are ones flowc accepts."""
 
 from __future__ import annotations
 
 import re
+import shlex
 
 import pytest
+import yaml
 
 from flowc.check import CODES, check_source, schema
 from flowc.check.catalog import markdown
@@ -128,3 +131,45 @@ def test_the_stream_bounds_the_runtime_guide_states_are_the_runtimes():
     assert f"every {bounds.PAUSE_EVERY} frames" in rule
     assert f"has {bounds.OUTBOX_HIGH} events" in rule
     assert f"while {bounds.CHILDREN_HIGH} activations" in rule
+
+
+def test_every_command_is_in_the_readmes_command_line():
+    from flowc.cli import main
+
+    block = (REPO / "README.md").read_text().split("## The command line", 1)[1].split("```", 2)[1]
+    for name in main.commands:
+        assert re.search(rf"^flowc {name}\b", block, re.MULTILINE), f"document `flowc {name}` in README's command line"
+
+
+CI = (REPO / "docs/ci.md").read_text()
+CI_YAML = re.findall(r"```yaml\n(.*?)```", CI, re.DOTALL)
+
+
+def _flowc_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip().startswith("flowc ")]
+
+
+def test_the_ci_guides_commands_exist_with_their_options():
+    from flowc.cli import main
+
+    workflow = next(yaml.safe_load(b) for b in CI_YAML if "jobs:" in b)
+    lines = _flowc_lines("\n".join(step.get("run", "") for step in workflow["jobs"]["flowc"]["steps"]))
+    lines += _flowc_lines("\n".join(re.findall(r"```sh\n(.*?)```", CI, re.DOTALL)))
+    assert {line.split()[1] for line in lines} >= {"check", "fmt", "build", "test", "diff"}
+    for line in lines:
+        words = shlex.split(line.split(" #")[0])
+        command = main.commands[words[1]]
+        known = {option for param in command.params for option in getattr(param, "opts", [])}
+        unknown = [w for w in words[2:] if w.startswith("-") and w not in known]
+        assert not unknown, f"docs/ci.md: `{line}` uses {unknown}, which `flowc {words[1]}` does not take"
+
+
+def test_the_ci_guides_pre_commit_configs_use_the_hooks_we_ship():
+    hooks = {hook["id"]: hook for hook in yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())}
+    configs = [yaml.safe_load(b) for b in CI_YAML if "repos:" in b]
+    remote, local = configs
+    assert {h["id"] for h in remote["repos"][0]["hooks"]} == set(hooks)
+    for hook in local["repos"][0]["hooks"]:
+        shipped = hooks[hook["id"]]
+        assert hook["entry"] == shipped["entry"] and hook.get("files") == shipped.get("files")
+        assert hook.get("pass_filenames", True) == shipped.get("pass_filenames", True)

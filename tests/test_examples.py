@@ -1,4 +1,5 @@
-"""Every example runs, and prints exactly what its README says it prints."""
+"""Every example runs, prints exactly what its README says it prints, and passes its golden
+cases (examples/*/tests/, run by `flowc test`)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,19 @@ def test_example_output_matches_its_readme(path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip() == expected
     assert '"status": "ok"' in expected.splitlines()[-1]
+
+
+def test_every_example_passes_its_golden_cases(tmp_path):
+    # `flowc test` on the examples' recordings (examples/*/tests/): what `make test` pins of each
+    report = tmp_path / "junit.xml"
+    result = subprocess.run(
+        [sys.executable, "-m", "flowc", "test", "examples", "--junit", str(report)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    suites = re.findall(r'<testsuite name="([^"]+)" tests="(\d+)" failures="0" errors="0"', report.read_text())
+    assert sorted(name for name, _ in suites) == [p.relative_to(REPO).as_posix() for p in EXAMPLES]
+    assert all(int(tests) >= 1 for _, tests in suites)

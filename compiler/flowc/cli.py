@@ -1,4 +1,6 @@
-"""The `flowc` command line (click).
+"""The `flowc` command line (click): the command group and the compiler's commands. The
+commands for pipeline authors' CI (`test`, `diff`) live in `flowc.citools.commands` and are
+registered here; what both need (reading and checking a file, exit codes) is `flowc.cli_support`.
 
 Exit codes: 0 clean (warnings allowed unless --strict), 1 errors in the input, 2 usage or I/O
 problems, 3 an internal error (a bug in flowc; `--debug` shows the traceback). No traceback
@@ -14,14 +16,17 @@ from pathlib import Path
 import click
 
 from flowc import __version__
-from flowc.check import CheckResult, check_source
+from flowc.check import check_source
+from flowc.citools import commands as ci_commands
+from flowc.cli_support import EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
+from flowc.cli_support import checked_program as _checked_program
+from flowc.cli_support import color as _color
+from flowc.cli_support import color_option as _color_option
+from flowc.cli_support import read_path as _read
 from flowc.diagnostics import Diagnostic, Severity, render_json, render_text, summary_line
 from flowc.fmt import format_source
 from flowc.lsp.scheduler import DEFAULT_DEBOUNCE_S
-from flowc.sources import SourceText, read_source, read_stream
 from flowrt.options import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
-
-EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 class FlowcGroup(click.Group):
@@ -54,24 +59,6 @@ def main(debug: bool) -> None:
     """
 
 
-def _read(path: str) -> tuple[SourceText, Path | None]:
-    if not path:
-        raise click.UsageError("an empty file name was given; pass a .flow file")
-    file = None if path == "-" else Path(path)
-    try:
-        return (read_stream(sys.stdin.buffer, "<stdin>") if file is None else read_source(file)), file
-    except FileNotFoundError:
-        raise click.UsageError(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise click.UsageError(f"{path} is a directory; pass a .flow file") from None
-    except UnicodeDecodeError as error:
-        raise click.UsageError(
-            f"{file or '<stdin>'} is not UTF-8 text ({error.reason} at byte {error.start}); pass a .flow file, or save it as UTF-8"
-        ) from None
-    except OSError as error:
-        raise click.UsageError(f"cannot read {file or '<stdin>'}: {error.strerror}; pass a .flow file") from None
-
-
 class _Inputs:
     """The files of one `check` or `fmt`: each that does not read is reported on stderr and
     skipped, so one bad name does not hide the other files' results (the command exits 2)."""
@@ -91,15 +78,6 @@ class _Inputs:
             yield path, source, file
 
 
-def _check(path: str) -> CheckResult:
-    source, file = _read(path)
-    return check_source(source.text, "<stdin>" if path == "-" else path, file)
-
-
-def _color(option: bool | None) -> bool:
-    return sys.stdout.isatty() if option is None else option
-
-
 _format_option = click.option(
     "--format",
     "output_format",
@@ -108,7 +86,6 @@ _format_option = click.option(
     show_default=True,
     help="Diagnostics as text for people or JSON for tools.",
 )
-_color_option = click.option("--color/--no-color", default=None, help="Colour the output (default: when a terminal).")
 
 
 @main.command()
@@ -209,15 +186,6 @@ def fmt(files: tuple[str, ...], check_only: bool, diff: bool, color: bool | None
     sys.exit(EXIT_USAGE if inputs.unreadable or unwritable else EXIT_ERRORS if failed else EXIT_OK)
 
 
-def _checked_program(file: str, color: bool | None):
-    result = _check(file)
-    if not result.ok or result.program is None:
-        click.echo(render_text(result.diagnostics, result.sources, _color(color)), err=True)
-        click.echo(f"flowc: {file} has errors; fix them first", err=True)
-        sys.exit(EXIT_ERRORS)
-    return result.program
-
-
 @main.command()
 @click.argument("file")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (schema: docs/plan.schema.json).")
@@ -280,7 +248,13 @@ def graph(file: str, picture: str, graph_name: str | None, output: str | None, c
 
 @main.command()
 @click.argument("file")
-@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False), help="Directory to write the bundle to.")
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    type=click.Path(file_okay=False),
+    help="Directory of the bundle [default: build/<flow name>/ in FILE's directory].",
+)
 @click.option(
     "--target",
     "targets",
@@ -295,36 +269,54 @@ def graph(file: str, picture: str, graph_name: str | None, output: str | None, c
     is_flag=True,
     help="Copy the roles' impl modules (and the local modules they import) into the bundle, so it runs without the source tree.",
 )
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Write nothing: build in memory and exit 1, with a diff, if the bundle in the directory differs from it.",
+)
 @_color_option
-def build(file: str, out: str, targets: tuple[str, ...], vendor: bool, color: bool | None) -> None:
+def build(file: str, out: str | None, targets: tuple[str, ...], vendor: bool, check_only: bool, color: bool | None) -> None:
     """Check a .flow file and write its bundle: bundle.json, plan.json, nodes/<role>.py,
-    __main__.py and deploy/ manifests. Output is byte-for-byte deterministic.
+    __main__.py and deploy/ manifests. Output is byte-for-byte deterministic. Without -o the
+    bundle goes to build/<flow name>/ beside the file; --check compares instead of writing.
 
     \b
     Examples:
+      flowc build examples/image_chat/pipeline.flow     # writes examples/image_chat/build/image_chat/
       flowc build examples/image_chat/pipeline.flow -o build/image_chat
       flowc build pipeline.flow -o out --target local --target k8s
       flowc build pipeline.flow -o out --vendor      # a bundle that runs without the source tree
+      flowc build pipeline.flow -o bundle --check    # CI: is the committed bundle current?
     """
+    from flowc.citools import bundles
     from flowc.codegen import TARGETS, build_bundle
     from flowc.codegen.vendor import VendorError
 
-    if not out:
+    if out == "":
         raise click.UsageError("-o needs a directory name, for example `-o build/bundle`")
+    if out is None and file == "-":
+        raise click.UsageError("a pipeline read from stdin has no directory to build beside; pass -o DIR")
     program = _checked_program(file, color)
-    out_dir = Path(out)
+    out_dir = bundles.default_output(Path(file), program.root.name) if out is None else Path(out)
     chosen = TARGETS if "all" in targets else tuple(t for t in TARGETS if t in targets)
     try:
         bundle = build_bundle(program, Path(file), out_dir, chosen, vendor=vendor)
     except VendorError as error:
         raise click.UsageError(str(error)) from None
+    if check_only:
+        try:
+            staleness = bundles.compare(bundle, out_dir)
+        except bundles.Unreadable as error:
+            raise click.UsageError(str(error)) from None
+        sys.exit(EXIT_OK if bundles.report(staleness, out_dir, file, click.echo) else EXIT_ERRORS)
     try:
         _prepare_output(out_dir)
         bundle.write(out_dir)
     except OSError as error:
-        where = f" ({error.filename})" if error.filename and str(error.filename) != out else ""
+        where = f" ({error.filename})" if error.filename and str(error.filename) != str(out_dir) else ""
         raise click.UsageError(
-            f"cannot write the bundle to {out}{where}: {error.strerror}; choose a writable directory for -o"
+            f"cannot write the bundle to {out_dir}{where}: {error.strerror}; choose a writable directory for -o"
         ) from None
     click.echo(f"wrote {out_dir}: {len(bundle.files)} files, {bundle.size:,} bytes ({', '.join(chosen)})")
 
@@ -516,3 +508,8 @@ def lsp(stdio: bool, debounce_ms: float) -> None:
     except ImportError as error:  # pygls is a dependency; a broken install gets a fix, not a traceback
         raise click.ClickException(f"the language server needs pygls ({error}); reinstall flowc: pip install flowc") from None
     serve(debounce_ms / 1000)
+
+
+# the commands for pipeline authors' CI (docs/ci.md)
+main.add_command(ci_commands.golden_test)
+main.add_command(ci_commands.semantic_diff)

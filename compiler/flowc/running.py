@@ -1,4 +1,6 @@
-"""What `flowc run` does once its options are read: one call (`--once`) or serving, on flowrt.
+"""What `flowc run` does once its options are read: one call (`--once`) or serving, on flowrt;
+and the calls `flowc test` makes (`deployed`, `call_events`). The compiler reaches flowrt
+only through this module.
 
 Problems the user can fix (a bundle or role that cannot open, an input that does not fit, an
 address that is taken) become click errors (exit 2, one line, no traceback). The runtime's log
@@ -12,6 +14,7 @@ expects of a process a signal stopped; a second signal exits at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -63,6 +66,13 @@ def option_value(check: Any, name: str, value: Any) -> Any:
         raise Refused(f"{name}: {error}") from None
 
 
+def timeout_option(name: str, value: str | None) -> float | None:
+    """A timeout option's seconds (a finite number > 0), or a usage error naming the option."""
+    from flowrt import options
+
+    return option_value(options.timeout_seconds, name, value)
+
+
 def placement(deploy: str, registry: str | None, heartbeat_ttl: str | None, pool_mb: str | None = None) -> dict:
     """`--deploy`, `--registry`, `--heartbeat-ttl` and `--pool-mb`, checked, as open_deployment's arguments."""
     from flowrt import options
@@ -82,11 +92,30 @@ def placement(deploy: str, registry: str | None, heartbeat_ttl: str | None, pool
             raise Refused(f"{name} is for --deploy local or ray; add --deploy local, or leave {name} out")
     ttl = option_value(options.timeout_seconds, "--heartbeat-ttl", heartbeat_ttl)
     pool = option_value(options.pool_mib, "--pool-mb", pool_mb)
+    if kind != "inproc" and pool != 0:
+        pool = _checked_pool(pool)
     return (
         {"deploy": deploy, "registry": registry}
         | ({"heartbeat_ttl": ttl} if ttl is not None else {})
         | ({"pool_mb": pool} if pool is not None else {})
     )
+
+
+def _checked_pool(pool: float | None) -> float | None:
+    """--pool-mb (or $FLOWRT_POOL_MB, when it is not given) against the shared-memory file
+    system's free space, before anything starts: a usage error naming the value and the fix.
+    0 from $FLOWRT_POOL_MB turns the data plane off, as --pool-mb 0 does."""
+    import importlib.util
+
+    if importlib.util.find_spec("numpy") is None:
+        return pool  # no data plane without numpy: the pool is never made
+    from flowrt.memory.keeper import MemoryStartError, pool_bytes
+
+    try:
+        nbytes = pool_bytes(pool)
+    except MemoryStartError as error:
+        raise Refused(str(error)) from None
+    return 0.0 if nbytes == 0 else pool
 
 
 class _Signals:
@@ -156,6 +185,37 @@ async def run_once(
     if signals.received is not None:
         return 128 + signals.received
     return 0 if status == "ok" else 1
+
+
+@contextlib.asynccontextmanager
+async def deployed(bundle_dir: Path, placement: dict | None = None, debug: bool = False):
+    """The runtime of the bundle at `bundle_dir`, deployed as `placement` says (`placement()`)
+    and closed on leaving; Refused when it cannot open (a role that cannot run, say)."""
+    from flowrt.control import FlowrtError
+    from flowrt.deploy import open_deployment
+    from flowrt.logs import show_log
+
+    show_log(debug=debug)
+    try:
+        deployment = await open_deployment(bundle_dir, **(placement or {}), debug=debug)
+    except FlowrtError as error:
+        raise Refused(str(error)) from None
+    try:
+        yield deployment.runtime
+    finally:
+        await deployment.close()
+
+
+async def call_events(runtime: Any, graph: str, inputs: dict, timeout: float | None = None) -> list[dict]:
+    """The events of one call as plain JSON data, exactly what `--once` prints; Refused when
+    the runtime refuses the call (an unknown graph, inputs that do not fit its entry)."""
+    from flowrt.control import FlowrtError
+    from flowrt.values import event_json
+
+    try:
+        return [json.loads(event_json(event)) async for event in runtime.call(graph, inputs, timeout=timeout)]
+    except FlowrtError as error:
+        raise Refused(str(error)) from None
 
 
 def serve_bundle(

@@ -67,9 +67,7 @@ def source_hash(program: Program) -> str:
     return digest.hexdigest()
 
 
-def build_bundle(
-    program: Program, source: Path, out: Path, targets: tuple[str, ...] = TARGETS, vendor: bool = False
-) -> Bundle:
+def build_bundle(program: Program, source: Path, out: Path, targets: tuple[str, ...] = TARGETS, vendor: bool = False) -> Bundle:
     """Render the bundle for `program` (read from `source`) to be written at `out`; with
     `vendor`, the roles' impl modules are copied in (flowc.codegen.vendor, VendorError).
 

@@ -1,0 +1,136 @@
+"""Where `flowc build` writes a bundle without `-o`, and `flowc build --check`: whether the
+bundle in a directory is byte for byte what the `.flow` file builds now (docs/ci.md).
+
+The check builds in memory and writes nothing. It reads every file under the directory except
+Python's caches (`__pycache__/`, `*.pyc`: a bundle that ran has them) and reports the files
+that differ (as unified diffs), the bundle's files missing there and the files there that are
+no part of the bundle.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flowc.codegen import Bundle
+
+BUILD_DIR = "build"
+
+
+def default_output(source: Path, flow: str) -> Path:
+    """`build/<flow name>/` in the directory of the `.flow` file."""
+    return source.parent / BUILD_DIR / flow
+
+
+class Unreadable(Exception):
+    """The directory (or a file in it) cannot be read: one line naming it and why."""
+
+
+@dataclass
+class Staleness:
+    differing: dict[str, str] = field(default_factory=dict)  # path in the bundle -> unified diff
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+
+    @property
+    def fresh(self) -> bool:
+        return not (self.differing or self.missing or self.extra)
+
+    def summary(self) -> str:
+        parts = [
+            f"{len(self.differing)} {'file differs' if len(self.differing) == 1 else 'files differ'}" if self.differing else "",
+            f"{len(self.missing)} missing" if self.missing else "",
+            f"{len(self.extra)} extra" if self.extra else "",
+        ]
+        return ", ".join(p for p in parts if p)
+
+
+def compare(bundle: Bundle, out: Path) -> Staleness:
+    """How the files under `out` differ from `bundle`; Unreadable when they cannot be read."""
+    found = _files(out)
+    result = Staleness()
+    for relative, text in bundle.files.items():
+        path = found.pop(relative, None)
+        if path is None:
+            result.missing.append(relative)
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise Unreadable(f"cannot read {path}: {error.strerror or error}") from None
+        if data != text.encode("utf-8"):
+            old = data.decode("utf-8", errors="replace")
+            shown = (out / relative).as_posix()
+            diff = difflib.unified_diff(
+                old.splitlines(True), text.splitlines(True), f"{shown} (in the directory)", f"{shown} (built now)"
+            )
+            result.differing[relative] = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
+    result.extra = sorted(found)
+    result.hints = _hints(bundle, out)
+    return result
+
+
+def _files(out: Path) -> dict[str, Path]:
+    """Every file under `out` by its path in the bundle (posix), Python's caches left out."""
+    if not out.exists():
+        return {}
+    if not out.is_dir():
+        raise Unreadable(f"{out} is not a directory; pass the bundle's directory with -o")
+    found: dict[str, Path] = {}
+    problems: list[OSError] = []
+    for directory, subdirectories, names in os.walk(out, onerror=problems.append):
+        subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
+        for name in names:
+            if not name.endswith(".pyc"):
+                path = Path(directory, name)
+                found[path.relative_to(out).as_posix()] = path
+    if problems:
+        error = problems[0]
+        raise Unreadable(f"cannot read {error.filename or out}: {error.strerror or error}")
+    return found
+
+
+def _hints(bundle: Bundle, out: Path) -> list[str]:
+    """What a differing bundle.json says about the options the directory's bundle was built with."""
+    try:
+        there = json.loads((out / "bundle.json").read_text(encoding="utf-8"))
+        built = json.loads(bundle.files["bundle.json"])
+    except (OSError, ValueError, KeyError):
+        return []
+    if not isinstance(there, dict):
+        return []
+    hints = []
+    if there.get("targets") != built.get("targets") and isinstance(there.get("targets"), list):
+        flags = " ".join(f"--target {t}" for t in there["targets"]) if len(there["targets"]) < 3 else "--target all"
+        hints.append(
+            f"the bundle in {out} was built for {', '.join(map(str, there['targets']))}: pass `{flags}` to compare like with like"
+        )
+    vendored_there, vendored_now = there.get("python_path") == ["vendor"], built.get("python_path") == ["vendor"]
+    if vendored_there != vendored_now:
+        hints.append(f"the bundle in {out} was built {'with' if vendored_there else 'without'} --vendor; pass the same")
+    return hints
+
+
+def report(staleness: Staleness, out: Path, source: str, echo) -> bool:
+    """Print the verdict of `flowc build --check` (`echo(text, err=False)`); whether it is fresh."""
+    if staleness.fresh:
+        echo(f"{out} is up to date with {source}")
+        return True
+    for relative in sorted(staleness.differing):
+        echo(staleness.differing[relative], nl=False)
+    for relative in staleness.missing:
+        echo(f"missing from {out}: {relative}")
+    for relative in staleness.extra:
+        echo(f"not part of the bundle: {(out / relative).as_posix()}")
+    for hint in staleness.hints:
+        echo(f"hint: {hint}", err=True)
+    echo(
+        f"flowc: the bundle in {out} is stale ({staleness.summary()}); "
+        f"rebuild it with `flowc build {source} -o {out}` and commit the result",
+        err=True,
+    )
+    return False

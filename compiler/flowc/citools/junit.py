@@ -1,0 +1,63 @@
+"""`flowc test --junit FILE`: the outcomes as JUnit XML, the report CI systems read (Jenkins,
+GitLab, GitHub Actions' test reporters), in the common Ant/Jenkins form: one `<testsuite>`
+per pipeline, one `<testcase>` per case, a `<failure>` holding the diff of a case whose events
+differ, an `<error>` for a case that could not run.
+
+Everything but the `time` attributes (seconds, as CI systems show them) is deterministic:
+suites and cases sorted, no timestamp or host name.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from flowc.citools.golden import ERROR, FAILED, Outcome
+
+
+def _suite_name(outcome: Outcome) -> str:
+    case = outcome.case
+    return case.pipeline.as_posix() if case.pipeline is not None else case.input.parent.as_posix()
+
+
+def junit_xml(outcomes: list[Outcome]) -> str:
+    suites: dict[str, list[Outcome]] = {}
+    for outcome in outcomes:
+        suites.setdefault(_suite_name(outcome), []).append(outcome)
+    totals = {k: v for k, v in _counts(outcomes).items() if k != "skipped"}  # <testsuites> has no `skipped`
+    root = ET.Element("testsuites", {"name": "flowc test"} | totals)
+    for name in sorted(suites):
+        members = sorted(suites[name], key=lambda o: o.case.label)
+        suite = ET.SubElement(root, "testsuite", {"name": name} | _counts(members))
+        classname = name.removesuffix(".flow").replace("/", ".").strip(".") or "flowc"
+        for outcome in members:
+            case = ET.SubElement(
+                suite,
+                "testcase",
+                {
+                    "name": outcome.case.label,
+                    "classname": classname,
+                    "file": outcome.case.input.as_posix(),
+                    "time": f"{outcome.seconds:.3f}",
+                },
+            )
+            if outcome.verdict == FAILED:
+                first = outcome.detail.splitlines()[0] if outcome.detail else "failed"
+                message = "events differ from the recording" if first.startswith("--- ") else first
+                ET.SubElement(case, "failure", {"message": message, "type": "flowc.events"}).text = outcome.detail
+            elif outcome.verdict == ERROR:
+                first = outcome.detail.splitlines()[0] if outcome.detail else "error"
+                ET.SubElement(case, "error", {"message": first, "type": "flowc.case"}).text = outcome.detail
+            elif outcome.detail:
+                ET.SubElement(case, "system-out").text = outcome.detail
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _counts(outcomes: list[Outcome]) -> dict[str, str]:
+    return {
+        "tests": str(len(outcomes)),
+        "failures": str(sum(o.verdict == FAILED for o in outcomes)),
+        "errors": str(sum(o.verdict == ERROR for o in outcomes)),
+        "skipped": "0",
+        "time": f"{sum(o.seconds for o in outcomes):.3f}",
+    }

@@ -1,0 +1,140 @@
+"""`flowc build` without -o, and `flowc build --check`: a committed bundle is caught when it is
+stale (a hand-edited, missing or extra file, a changed .flow file) and passes when fresh."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def flowc(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flowc", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+@pytest.fixture
+def project(tmp_path):
+    """The diamond example in a fresh directory, its bundle committed at bundle/."""
+    shutil.copytree(REPO / "examples" / "diamond", tmp_path / "diamond", ignore=shutil.ignore_patterns("tests", "build"))
+    built = flowc("build", "diamond/pipeline.flow", "-o", "bundle", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    return tmp_path
+
+
+def check(project: Path, *extra: str) -> subprocess.CompletedProcess:
+    return flowc("build", "diamond/pipeline.flow", "-o", "bundle", "--check", *extra, cwd=project)
+
+
+def snapshot_of(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_fresh_bundle_passes_and_nothing_is_written(project):
+    before = snapshot_of(project)
+    result = check(project)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == "bundle is up to date with diamond/pipeline.flow\n"
+    assert snapshot_of(project) == before
+
+
+def test_python_caches_of_a_bundle_that_ran_do_not_count(project):
+    (project / "bundle" / "nodes" / "__pycache__").mkdir()
+    (project / "bundle" / "nodes" / "__pycache__" / "fuse.cpython-311.pyc").write_bytes(b"\0")
+    assert check(project).returncode == 0
+
+
+def test_a_hand_edited_file_is_shown_as_a_diff(project):
+    node = project / "bundle" / "nodes" / "fuse.py"
+    node.write_text(node.read_text().replace('"replicas": 1', '"replicas": 3'))
+    before = snapshot_of(project)
+    result = check(project)
+    assert result.returncode == 1
+    assert "--- bundle/nodes/fuse.py (in the directory)\n+++ bundle/nodes/fuse.py (built now)\n" in result.stdout
+    assert '-    "replicas": 3,' in result.stdout and '+    "replicas": 1,' in result.stdout
+    assert "the bundle in bundle is stale (1 file differs)" in result.stderr
+    assert "rebuild it with `flowc build diamond/pipeline.flow -o bundle`" in result.stderr
+    assert snapshot_of(project) == before
+
+
+def test_a_missing_file_is_named(project):
+    (project / "bundle" / "deploy" / "k8s" / "rayjob.yaml").unlink()
+    result = check(project)
+    assert result.returncode == 1
+    assert "missing from bundle: deploy/k8s/rayjob.yaml" in result.stdout
+    assert "(1 missing)" in result.stderr
+
+
+def test_an_extra_file_is_named(project):
+    (project / "bundle" / "nodes" / "old_role.py").write_text("# a role that was removed\n")
+    result = check(project)
+    assert result.returncode == 1
+    assert "not part of the bundle: bundle/nodes/old_role.py" in result.stdout
+    assert "(1 extra)" in result.stderr
+
+
+def test_a_changed_flow_file_makes_the_bundle_stale(project):
+    pipeline = project / "diamond" / "pipeline.flow"
+    pipeline.write_text(pipeline.read_text().replace("replicas 2", "replicas 3"))
+    result = check(project)
+    assert result.returncode == 1
+    assert "bundle/nodes/color.py (built now)" in result.stdout
+    assert '+    "replicas": 3,' in result.stdout
+    assert "bundle/bundle.json (built now)" in result.stdout  # the source hash
+    rebuilt = flowc("build", "diamond/pipeline.flow", "-o", "bundle", cwd=project)
+    assert rebuilt.returncode == 0 and check(project).returncode == 0
+
+
+def test_other_build_options_are_hinted(project):
+    result = check(project, "--target", "local")
+    assert result.returncode == 1
+    assert "hint: the bundle in bundle was built for k8s, local, ray: pass `--target all`" in result.stderr
+
+
+def test_a_missing_bundle_fails_and_a_file_in_its_place_is_a_usage_error(project):
+    shutil.rmtree(project / "bundle")
+    result = check(project)
+    assert result.returncode == 1 and "missing from bundle: bundle.json" in result.stdout
+    (project / "bundle").write_text("not a directory")
+    result = check(project)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_a_file_that_cannot_be_read_is_one_line_exit_two(project):
+    plan = project / "bundle" / "plan.json"
+    plan.unlink()
+    plan.symlink_to(project / "gone.json")  # a dangling link: listed, but not readable
+    result = check(project)
+    assert result.returncode == 2
+    assert "cannot read bundle/plan.json" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_without_o_the_bundle_goes_to_build_beside_the_file(project):
+    result = flowc("build", "diamond/pipeline.flow", cwd=project)
+    assert result.returncode == 0, result.stderr
+    out = project / "diamond" / "build" / "diamond"
+    assert result.stdout.startswith("wrote diamond/build/diamond: ")
+    assert snapshot_of(out)["plan.json"] == (project / "bundle" / "plan.json").read_bytes()
+    assert flowc("build", "diamond/pipeline.flow", "--check", cwd=project).returncode == 0
+    # the bundle runs from there: its roles are found beside the .flow file
+    call = flowc("run", str(out), "--once", "describe", "--input", "@diamond/request.json", cwd=project)
+    assert call.returncode == 0, call.stderr
+    assert '"frame 2: green owl"' in call.stdout
+
+
+def test_o_still_wins_and_stdin_needs_it(project):
+    assert flowc("build", "diamond/pipeline.flow", "-o", "elsewhere", cwd=project).returncode == 0
+    assert (project / "elsewhere" / "bundle.json").is_file() and not (project / "diamond" / "build").exists()
+    piped = subprocess.run(
+        [sys.executable, "-m", "flowc", "build", "-"],
+        input=(project / "diamond" / "pipeline.flow").read_text(),
+        capture_output=True,
+        text=True,
+        cwd=project,
+        timeout=60,
+    )
+    assert piped.returncode == 2 and "pass -o DIR" in piped.stderr
