@@ -73,3 +73,27 @@ def test_deploy_throughput_bench_runs_without_ray_and_scales_a_little():
     scale = run("bench/deploy_throughput.py", "--scale", "--requests", "64", "--max-replicas", "2")
     assert scale.returncode == 0, scale.stdout + scale.stderr
     assert "| 2 |" in scale.stdout and "registry, per heartbeat: embedded" in scale.stdout
+
+
+def test_kv_meta_bench_matches_in_one_round_trip():
+    result = run("bench/kv_meta.py", "--quick", "--pages", "50")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| prefix match, 50 pages | 1 |" in result.stdout and "| no-op EVALSHA | 1 |" in result.stdout
+
+
+def test_kv_tiers_bench_runs_every_transfer_and_counts_copies():
+    result = run("bench/kv_tiers.py", "--quick")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for row in ("| memcpy (torch copy_) | 64 |", "| file write + fsync | 64 |", "| L1 -> L2 (device -> host shm) | 64 |"):
+        assert row in result.stdout
+    assert "| L3 (cold) -> L2 | 64 |" in result.stdout and "| L2 -> L1 (host -> device) | 64 |" in result.stdout
+    assert "| consecutive (slots 0..999 -> 500..1499) | 1 | 1000 |" in result.stdout
+    assert "| scattered (random slots) | 1000 | 1000 |" in result.stdout
+
+
+def test_kv_hit_ratio_bench_compares_the_three_policies_on_every_trace():
+    result = run("bench/kv_hit_ratio.py", "--quick", "--accesses", "4000", "--sizes", "100")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for trace in ("zipf-0.9", "zipf-1.1", "zipf+scans", "sessions"):
+        assert f"| {trace} | 100 |" in result.stdout, result.stdout
+    assert "engine beats LRU on " in result.stdout

@@ -44,7 +44,6 @@ async def deployed(bundle: Path, deploy: str = "local", **options):
             assert not socket_dir.exists(), "the deployment's socket directory was left behind"
 
 
-
 async def calls(runtime, graph: str, inputs: dict, **kwargs) -> list[dict]:
     return [event async for event in runtime.call(graph, inputs, **kwargs)]
 

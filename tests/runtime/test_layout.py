@@ -15,6 +15,7 @@ FLOWRT = REPO / "runtime" / "flowrt"
 BASE = {"flowrt", "tables", "values", "errors", "options", "entry_types", "logs"}
 ALLOWED = {  # package -> what it may import (its own modules too)
     "deploy": {"gateway", "registry", "memory", "transport", "control", "bundle"} | BASE,
+    "params": {"memory"} | BASE,
     "memory": {"transport"} | BASE,
     "gateway": {"control"} | BASE,
     "registry": {"transport"} | BASE,

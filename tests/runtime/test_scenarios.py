@@ -947,7 +947,17 @@ def test_a_request_that_reaches_nothing_ends_without_a_false_alarm(tmp_path):
         cwd=REPO,
     )
     result = subprocess.run(
-        [sys.executable, "-m", "flowc", "run", str(bundle), "--once", "chat", "--input", json.dumps({"request": {"segments": []}})],
+        [
+            sys.executable,
+            "-m",
+            "flowc",
+            "run",
+            str(bundle),
+            "--once",
+            "chat",
+            "--input",
+            json.dumps({"request": {"segments": []}}),
+        ],
         capture_output=True,
         text=True,
         cwd=REPO,

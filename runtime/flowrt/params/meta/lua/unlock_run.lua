@@ -1,0 +1,3 @@
+-- ARGV: session, holder.
+redis.call('ZREM', P .. 'run:' .. ARGV[1], ARGV[2])
+return 1
