@@ -78,7 +78,19 @@ def session_cap(value: object) -> int:
 
 
 def pool_mib(value: object) -> float:
-    """The data plane's pool in MiB: a size as `size_mib`, or 0 (no pool)."""
-    if not isinstance(value, bool) and str(value).strip() in ("0", "0.0"):
+    """The data plane's pool in MiB: 0 (no pool), or a finite size of at least one 4 KiB block
+    (whether the shared-memory file system can hold it is flowrt.memory.keeper.pool_bytes's check)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number of MiB, e.g. 1024, or 0 for no data plane, not {value!r}")
+    try:
+        mib = float(value) if isinstance(value, (int, float)) else float(str(value).strip())
+    except (ValueError, OverflowError):
+        raise ValueError(f"expected a number of MiB, e.g. 1024, or 0 for no data plane, not {value!r}") from None
+    if mib == 0:
         return 0.0
-    return size_mib(value)
+    if not math.isfinite(mib) or mib < 0:
+        raise ValueError(f"expected a finite number of MiB, e.g. 1024, or 0 for no data plane, not {value!r}")
+    if mib * (1 << 20) < 4096:
+        shown = str(value).strip()
+        raise ValueError(f"{shown} MiB is less than one block of the pool (4 KiB): give at least 0.004, or 0 for no data plane")
+    return mib

@@ -1,7 +1,7 @@
 """`--deploy ray=ADDRESS` on a real Ray cluster of two nodes (two raylets on this machine, on
 loopback): a memory manager actor on each node that runs replicas, each replica talking to its
 own node's manager, tensors pickled whole between nodes and handed over as handles within one,
-the kv_pool_barrier counted per node, and every manager's statistics clean after the calls."""
+the kv_pool_barrier counted per node (among co-located replicas), and every manager's statistics clean after the calls."""
 
 from __future__ import annotations
 
@@ -57,7 +57,13 @@ class Barrier:
 
     def me(self, ctx):
         stats = ctx.memory.statistics()
-        return {**here(), "proposal": self.proposal, "pages": self.pages, "manager": sorted(stats["clients"].values())}
+        return {
+            **here(),
+            "role": type(self).__name__.lower(),
+            "proposal": self.proposal,
+            "pages": self.pages,
+            "manager": sorted(stats["clients"].values()),
+        }
 
 
 class Make(Barrier):
@@ -121,9 +127,11 @@ def test_each_node_has_its_manager_and_tensors_cross_nodes_pickled(two_nodes, tm
                 # each process talks to its own node's manager: the replicas it lists are that node's
                 names = {f"{k[0]}/{k[1]}" for k, w in supervisor.where.items() if w["node"] == process["node"]}
                 assert names <= set(process["manager"]) and not (set(process["manager"]) - names - {"gateway"}), process
-                # the kv_pool_barrier of a node: the smallest proposal of that node's processes
-                mates = [p for p in processes.values() if p["node"] == process["node"]]
-                if len(mates) == sum(1 for w in supervisor.where.values() if w["node"] == process["node"]):
+                # the default kv_pool_barrier: the smallest proposal of the co-located processes (one role's
+                # replicas here: neither shares GPUs) on that node
+                mates = [p for p in processes.values() if p["node"] == process["node"] and p["role"] == process["role"]]
+                placed = [k for k, w in supervisor.where.items() if w["node"] == process["node"] and k[0] == process["role"]]
+                if len(mates) == len(placed):
                     assert process["pages"] == min(p["proposal"] for p in mates), mates
 
             stats = deployment.memory_statistics()

@@ -4,6 +4,7 @@ and a dead gateway's calls are released by the sweep; weights and the barrier.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -86,6 +87,86 @@ def raw(endpoint: str, *messages: bytes) -> zmq.Socket:
     for message in messages:
         socket.send(message)
     return socket
+
+
+def test_forged_pids_are_refused_and_the_sweep_survives_them(manager):
+    import time
+
+    client = MemoryClient(manager.endpoint, "client", "test")
+    try:
+        with pytest.raises(MemoryRefused, match="PID must be between 1 and"):
+            client.request(p.Hello(p.VERSION, 0, 2**62, "client", "liar"))
+        client.alloc(4096, process="9" * 30)  # a holder no process can be
+        before = client.statistics()["sweeps"]
+        deadline = time.monotonic() + 10
+        while client.statistics()["sweeps"] < before + 2:  # two sweeps ran over the forged holder
+            assert time.monotonic() < deadline, "the manager stopped sweeping"
+            time.sleep(0.05)
+        stats = client.statistics()
+        assert stats["blocks"] == 0 and "9" * 30 not in stats["refs_by_process"]  # dropped as a dead holder
+    finally:
+        client.close()
+
+
+def test_a_client_fails_fast_after_a_timeout_instead_of_waiting_again(manager):
+    from flowrt.memory.client import MemoryUnavailable
+
+    directory = private_dir()
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # a manager that hears and never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    quiet = bind(silent, ipc_endpoint(directory, "silent"))
+    client = MemoryClient(manager.endpoint, "client", "test", timeout=0.3)
+    try:
+        client.socket.disconnect(manager.endpoint)
+        client.socket.connect(quiet)
+        with pytest.raises(MemoryUnavailable, match="did not answer Statistics within 0.3s"):
+            client.statistics()
+        with pytest.raises(MemoryUnavailable, match="a moment ago"):  # at once: no second wait
+            client.statistics()
+        assert silent.poll(1000) and len(silent.recv_multipart()) == 2  # the first one did go out
+        assert not silent.poll(100)  # the second never did
+    finally:
+        client.close()
+        silent.close()
+        remove_dir(directory)
+
+
+def test_a_block_the_shared_memory_file_system_cannot_back_is_refused_not_a_sigbus(tmp_path):
+    """A 2 MiB tmpfs (in a mount namespace of the test's own) under an 8 MiB pool: the slab
+    is sparse, so the manager starts; a block tmpfs cannot back is refused when allocated."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to mount a small tmpfs in a private mount namespace")
+    script = """
+import json
+from flowrt.memory.manager import MemoryManager
+from flowrt.memory import protocol as p
+
+manager = MemoryManager(8 << 20)
+small = manager.handle(p.Alloc(p.VERSION, 1, 1 << 20, "c", ""))
+big = manager.handle(p.Alloc(p.VERSION, 2, 4 << 20, "c", ""))
+again = manager.handle(p.Alloc(p.VERSION, 3, 1 << 20, "c", ""))
+print(json.dumps([small.error, big.error, big.code, again.error, manager.pool.statistics()["blocks"]]))
+manager.close()
+"""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    command = f"mount -t tmpfs -o size=2m tmpfs {shm} && exec {sys.executable} -c '{script}'"
+    env = {**os.environ, "FLOWRT_SHM_DIR": str(shm)}
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    if out.returncode != 0 and "mount" in out.stderr and "permission" in out.stderr.lower():
+        pytest.skip(f"this machine does not let a test mount a tmpfs: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    small, big, code, again, blocks = json.loads(out.stdout)
+    assert small == "" and again == "" and code == p.NO_ROOM and blocks == 2, out.stdout
+    assert "has no room for" in big and "--shm-size" in big and "--pool-mb" in big, big
 
 
 def test_garbage_is_dropped_and_the_manager_keeps_answering(manager):

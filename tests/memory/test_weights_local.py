@@ -135,7 +135,7 @@ def test_four_processes_share_one_copy_of_a_200_mb_model(tmp_path):
             stats = deployment.memory_statistics()
             (entry,) = stats["weights"].values()
             assert entry["users"] == 4 and entry["state"] == "ready"
-            assert stats["barriers"]["kv"]["value"] == 1000
+            assert stats["barriers"]["kv@enc"]["value"] == 1000  # (the default group: the co-located roles, enc)
 
     asyncio.run(main())
 
@@ -163,5 +163,107 @@ def test_shared_weights_refuse_another_architecture_under_the_same_name(tmp_path
         with pytest.raises(DeployError, match="test-mlp.*another architecture"):
             async with deployed(bundle, pool_mb=16):
                 pass
+
+    asyncio.run(main())
+
+
+BUFFERS = """
+import torch
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 64)
+        self.register_buffer("scale", torch.empty(64))  # persistent: in the state dict, shared
+
+
+def load(model):
+    torch.manual_seed(7)
+    with torch.no_grad():
+        model.linear.weight.copy_(torch.randn(64, 64))
+        model.linear.bias.copy_(torch.randn(64))
+        model.scale.copy_(torch.arange(64, dtype=torch.float32))
+
+
+class Encoder:
+    async def setup(self, ctx):
+        self.model = await ctx.memory.shared_model("test-scaled", Scaled, load)
+        self.follower = type(self.model.linear.weight).__name__ == "SkipCopyParameter"
+        if self.follower:  # a follower that loads anyway writes nothing, buffers included
+            zeros = {name: torch.zeros_like(value) for name, value in self.model.state_dict().items()}
+            self.model.load_state_dict(zeros)
+
+    async def run(self, ctx, request):
+        with torch.no_grad():
+            y = self.model.linear(torch.ones(1, 64)) * self.model.scale
+        return {"y": {"sum": float(y.sum()), "scale": float(self.model.scale.sum()), "plain": type(y).__name__,
+                      "follower": self.follower}}
+"""
+
+
+def test_a_followers_load_writes_neither_parameters_nor_buffers_of_the_shared_copy(tmp_path):
+    bundle = bundle_with_roles(FLOW.replace("replicas 4", "replicas 3"), BUFFERS, tmp_path, module="model_roles")
+
+    async def main():
+        async with deployed(bundle, pool_mb=16) as deployment:
+            answers = [(await calls(deployment.runtime, "g", {"request": {}}))[0]["value"] for _ in range(3)]
+        return answers
+
+    answers = asyncio.run(main())
+    # the followers' zeros changed nothing (before, the shared buffer became zeros for every replica)
+    assert sorted(a["follower"] for a in answers) == [False, True, True], answers
+    assert {a["scale"] for a in answers} == {float(sum(range(64)))}, answers
+    assert len({a["sum"] for a in answers}) == 1 and answers[0]["sum"] != 0, answers
+    assert all(a["plain"] == "Tensor" for a in answers), answers  # what an operation on a buffer returns
+
+
+TWO_ROLES = """
+placeholder request: Json
+
+role enc {
+    impl "model_roles:Sizer"
+    replicas 2
+    lb round_robin
+    interface run { in request  out y: Json }
+}
+
+role other {
+    impl "model_roles:Other"
+    interface run { in request  out z: Json }
+}
+
+graph g {
+    entry request
+    return y, z
+}
+"""
+
+SIZER = """
+class Sizer:
+    async def setup(self, ctx):
+        self.pages = await ctx.memory.kv_pool_barrier(lambda: 500 + ctx.replica, timeout=60)
+
+    async def run(self, ctx, request):
+        return {"y": self.pages}
+
+
+class Other:  # never calls the barrier: not co-located with enc (it shares no GPUs with it)
+    async def run(self, ctx, request):
+        return {"z": 0}
+"""
+
+
+def test_the_default_barrier_waits_for_the_co_located_roles_only(tmp_path):
+    bundle = bundle_with_roles(TWO_ROLES, SIZER, tmp_path, module="model_roles")
+
+    async def main():
+        async with deployed(bundle, pool_mb=16) as deployment:
+            answers = set()
+            for _ in range(2):
+                events = await calls(deployment.runtime, "g", {"request": 0})
+                answers |= {e["value"] for e in events if e.get("field") == "y"}
+            assert answers == {500}
+            assert deployment.memory_statistics()["barriers"]["kv@enc"]["participants"] == 2
 
     asyncio.run(main())

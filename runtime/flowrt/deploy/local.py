@@ -113,6 +113,16 @@ class LocalSupervisor:
         assert self.directory_path is not None
         return ipc_endpoint(self.directory_path, name)
 
+    def colocation(self, role: str) -> str:
+        """The role whose GPUs `role` shares (`share gpus with`), or `role` itself."""
+        return self.bundle.roles[role].share_gpus_with or role
+
+    def colocated_with(self, role: str) -> list[tuple[str, int]]:
+        """The replicas co-located with `role`'s (its GPU-sharing group): by default, the processes
+        a kv_pool_barrier of one of them waits for (docs/memory.md)."""
+        owner = self.colocation(role)
+        return [key for key in self.expected() if self.colocation(key[0]) == owner]
+
     def expected(self) -> list[tuple[str, int]]:
         """Every replica, in the order they start (roles that share an owner's GPUs after it)."""
         roles = sorted(self.bundle.roles.items(), key=lambda item: (item[1].share_gpus_with is not None, item[0]))
@@ -165,6 +175,11 @@ class LocalSupervisor:
             return
         try:
             self.pool_nbytes = pool_bytes(self.pool_mb)
+        except MemoryStartError as error:
+            raise DeployError(str(error)) from None  # (it names the value and its own fix)
+        if self.pool_nbytes == 0:
+            return  # FLOWRT_POOL_MB=0: no data plane, as --pool-mb 0
+        try:
             self.manager = await self._start_managers()
         except MemoryStartError as error:
             raise DeployError(f"{error}; give a smaller pool (--pool-mb) or free /dev/shm") from None
@@ -219,7 +234,13 @@ class LocalSupervisor:
             "gateway_pid": os.getpid(),  # (the memory manager's call keys are GATEWAY_PID:CALL_ID)
             "debug": self.debug,
             "sys_path": [p for p in sys.path if p],
-            "memory": None if self.manager is None else {"endpoint": self.manager.endpoint, "participants": len(self.expected())},
+            "memory": None
+            if self.manager is None
+            else {
+                "endpoint": self.manager.endpoint,
+                "participants": len(self.colocated_with(process.role)),
+                "colocated": self.colocation(process.role),
+            },
         }
 
     async def _spawn(self, process: Process) -> None:

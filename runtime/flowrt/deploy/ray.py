@@ -393,7 +393,8 @@ class RaySupervisor(LocalSupervisor):
             node = where["node"]
             config["memory"] = {
                 "endpoint": self.managers[node].endpoint,
-                "participants": sum(1 for other in self.where.values() if other["node"] == node),
+                "participants": sum(1 for key in self.colocated_with(process.role) if self.where[key]["node"] == node),
+                "colocated": self.colocation(process.role),
                 "gateway_shares": node == self.gateway_node,
             }
         return config

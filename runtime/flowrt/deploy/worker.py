@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import importlib.util
 import inspect
 import json
 import logging
@@ -38,7 +39,7 @@ from flowrt.control.contract import checked_frame, failure, second_frame, waitin
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context
 from flowrt.errors import FlowrtError
-from flowrt.memory.client import MemoryClient, MemoryError_
+from flowrt.memory.client import REQUEST_TIMEOUT, MemoryClient, MemoryError_
 from flowrt.registry import RegistryError, open_client
 from flowrt.tables import node_tables
 from flowrt.transport import codec
@@ -97,13 +98,24 @@ class Replica:
         """Connect to the machine's memory manager, if the deployment runs one."""
         memory = self.config.get("memory")
         if not memory:
+            if importlib.util.find_spec("numpy") is not None:  # no data plane (--pool-mb 0): ctx.memory as under inproc
+                from flowrt.memory.api import InprocMemory
+
+                self.memory = InprocMemory()
             return
         from flowrt.memory.api import ProcessMemory
         from flowrt.memory.tensors import Decoder
 
+        # a request may hold this process's loop: never for as long as a heartbeat may lapse
+        timeout = min(REQUEST_TIMEOUT, max(0.2, self.config["ttl"] / 3))
         try:
             client = MemoryClient(
-                memory["endpoint"], "replica", f"{self.role_name}/{self.index}", participants=memory["participants"]
+                memory["endpoint"],
+                "replica",
+                f"{self.role_name}/{self.index}",
+                participants=memory["participants"],
+                colocated=memory.get("colocated", ""),
+                timeout=timeout,
             )
         except MemoryError_ as error:
             raise FlowrtError(f"replica {self.index} of role `{self.role_name}`: {error}") from None
@@ -113,7 +125,7 @@ class Replica:
     def encoder(self, call: str) -> Any:
         """The data plane's side of sending a frame: None where the gateway is on another
         machine (its frames' tensors are pickled whole: a handle would mean nothing there)."""
-        if self.memory is None or not self.config["memory"].get("gateway_shares", True):
+        if self.decoder is None or not self.config["memory"].get("gateway_shares", True):
             return None
         from flowrt.memory.tensors import Encoder
 
@@ -178,6 +190,8 @@ class Replica:
                     await client.beat(register, self.heartbeat())
                 except Exception:  # noqa: BLE001 - a heartbeat that failed is retried at the next one
                     log.warning("replica %d of role `%s`: a heartbeat failed", self.index, self.role_name, exc_info=True)
+                if self.decoder is not None:  # (a memory manager restarted since learns the barrier sizes agreed)
+                    self.memory.client.resettle()
                 if parent and os.getppid() != parent:
                     log.warning("replica %d of role `%s`: its supervisor is gone; stopping", self.index, self.role_name)
                     self.stopping.set()
@@ -237,11 +251,16 @@ class Replica:
                 inputs, uses = payload if message.uses else (payload, None)
                 if not isinstance(inputs, dict) or (uses is not None and not isinstance(uses, dict)):
                     raise TypeError("inputs must be a dict")
-            except MemoryError_ as error:  # a tensor it carries cannot be mapped (its manager died): answer
-                self.send(peer, m.Failed(m.VERSION, message.act, str(error), "", False, False), (None, None))
-                return
-            except Exception as error:  # noqa: BLE001 - a payload that does not unpickle is garbage
-                self._garbage(f"a start whose payload cannot be read ({type(error).__name__}: {error})")
+            except Exception as error:  # noqa: BLE001 - answered: the gateway waits for this activation
+                # (a tensor that cannot be mapped here: its manager died, or this process is out of
+                # address space or map slots; or a payload that does not unpickle)
+                why = str(error) if isinstance(error, MemoryError_) else f"{type(error).__name__}: {error}"
+                if not isinstance(error, MemoryError_):
+                    self._garbage(f"a start whose payload cannot be read ({why})")
+                text = (
+                    f"replica {self.index} of role `{self.role_name}` could not read the inputs of `{message.interface}`: {why}"
+                )
+                self.send(peer, m.Failed(m.VERSION, message.act, text, "", False, False), (None, None))
                 return
             self.credits[message.act] = WINDOW
             task = self.tasks[message.act] = asyncio.ensure_future(self._activation(peer, message, inputs, uses))
@@ -332,7 +351,7 @@ class Replica:
             self._failed(peer, act, error, result, before, uses)
         finally:
             self.cancelled.discard(act)  # answered above; `_ended` untracks it
-            if memory is not None:
+            if self.decoder is not None:  # (the shared pool's: what the activation took goes with it)
                 memory.release()
 
     def _failed(self, peer: bytes, act: int, error: BaseException, result: Any, before, uses) -> None:

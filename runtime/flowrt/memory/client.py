@@ -39,7 +39,12 @@ class MemoryUnavailable(MemoryError_):
 
 
 class MemoryRefused(MemoryError_):
-    """The manager answered with a refusal (the pool is exhausted, a block is unknown...)."""
+    """The manager answered with a refusal (the pool is exhausted, a block is unknown...);
+    `code` says which kind where code acts on it (protocol.NO_ROOM, protocol.STALE)."""
+
+    def __init__(self, message: str, code: str = ""):
+        super().__init__(message)
+        self.code = code
 
 
 class View:
@@ -52,12 +57,22 @@ class View:
 
 
 class MemoryClient:
-    def __init__(self, endpoint: str, kind: str, name: str, *, timeout: float = REQUEST_TIMEOUT, participants: int = 1):
+    def __init__(
+        self,
+        endpoint: str,
+        kind: str,
+        name: str,
+        *,
+        timeout: float = REQUEST_TIMEOUT,
+        participants: int = 1,
+        colocated: str = "",
+    ):
         self.endpoint = endpoint
         self.kind = kind
         self.name = name
         self.timeout = timeout
-        self.participants = participants  # processes on this machine a kv_pool_barrier waits for
+        self.participants = participants  # processes on this machine a kv_pool_barrier waits for by default
+        self.colocated = colocated  # the role whose GPUs this process's role shares (or its own): the default barrier's scope
         self.process = str(os.getpid())
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
@@ -73,6 +88,8 @@ class MemoryClient:
         self.mappings: dict[str, Mapping] = {}  # slab path -> its mapping (an old manager's too, while views need it)
         self.starts: list[int] = []  # sorted start addresses of live views
         self.views: dict[int, View] = {}
+        self.quiet_until = 0.0  # after a request timed out: fail fast until then (the caller's loop keeps running)
+        self.settled: dict[str, tuple[int, int]] = {}  # kv_pool_barrier groups this process passed: participants, value
         self.request(p.Hello(p.VERSION, 0, int(self.process), kind, name))
 
     # ── requests ──
@@ -80,6 +97,11 @@ class MemoryClient:
     def request(self, message: p.Request, timeout: float | None = None) -> p.Reply:
         """Send `message` and wait for its answer; MemoryUnavailable or MemoryRefused."""
         timeout = self.timeout if timeout is None else timeout
+        if time.monotonic() < self.quiet_until:
+            raise MemoryUnavailable(
+                f"the memory manager at {self.endpoint} did not answer a request within {self.timeout:g}s a moment ago "
+                "(it died or is restarting; the deployment's supervisor restarts it)"
+            )
         with self.lock:
             self.sending = True
             try:
@@ -90,6 +112,9 @@ class MemoryClient:
                 while True:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or not self.socket.poll(int(remaining * 1000) + 1):
+                        # one wait per `timeout`, not one per request: a process whose loop sends many
+                        # requests stays responsive (its heartbeats go out) while the manager is away
+                        self.quiet_until = time.monotonic() + self.timeout
                         raise MemoryUnavailable(
                             f"the memory manager at {self.endpoint} did not answer {type(message).__name__} within "
                             f"{timeout:g}s (it died or is restarting; the deployment's supervisor restarts it)"
@@ -105,8 +130,16 @@ class MemoryClient:
                 self.sending = False
             self._send_queued()  # posted meanwhile (a finalizer that ran inside this request)
         if reply.error:
-            raise MemoryRefused(reply.error)
+            raise MemoryRefused(reply.error, reply.code)
+        if type(message) is p.Arrive and "value" in reply.data:
+            self.settled[message.group] = (message.participants, int(reply.data["value"]))
         return reply
+
+    def resettle(self) -> None:
+        """Tell the manager the kv_pool_barrier sizes this process agreed on (a manager that
+        restarted since does not know them; one that does ignores this). Called now and then."""
+        for group, (participants, value) in self.settled.items():
+            self.post(p.Settled(p.VERSION, 0, group, participants, value))
 
     def post(self, message: p.Request) -> None:
         """Send `message` without waiting (req 0: no answer comes). Safe from a finalizer that
@@ -197,10 +230,18 @@ class MemoryClient:
 
     def slab_offset(self, address: int, nbytes: int) -> int | None:
         """Where [address, address+nbytes) lies in this process's shared map of the slab."""
-        mapping = self.mapping
+        located = self.locate(address, nbytes)
+        return None if located is None else located[0]
+
+    def locate(self, address: int, nbytes: int) -> tuple[int, str] | None:
+        """`slab_offset`, and the epoch of the manager whose slab that is (read together: a
+        RefAt names it, so that a manager started since refuses instead of answering with
+        whatever block of its own lies at that offset)."""
+        with self.lock:
+            mapping, epoch = self.mapping, self.epoch
         if mapping is None or not mapping.address <= address or address + nbytes > mapping.address + mapping.size:
             return None
-        return address - mapping.address
+        return address - mapping.address, epoch
 
     def statistics(self, timeout: float | None = None) -> dict:
         return dict(self.request(p.Statistics(p.VERSION, 0), timeout).data)

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,12 +30,13 @@ import zmq
 
 from flowrt.memory import protocol as p
 from flowrt.memory import slab
-from flowrt.memory.pool import BufferPool, PoolError
+from flowrt.memory.pool import BufferPool, PoolError, PoolExhausted, TooLarge
 from flowrt.transport.sockets import alive, bind
 
 READY_LINE = "flowrt-memory-ready "
 FAILED_LINE = "flowrt-memory-failed: "
 SWEEP_EVERY = 0.5  # seconds between looks for dead client processes
+PID_MAX = 1 << 22  # Linux's largest pid_max: a client claiming a larger PID is lying
 CONFIG_ENV = "FLOWRT_MEMORY_CONFIG"
 log = logging.getLogger("flowrt.memory")
 
@@ -67,6 +69,7 @@ class MemoryManager:
         self.pool = BufferPool(pool_bytes, min_block, first_id=1 + secrets.randbits(40))
         self.slab = str(slab.create("slab", max(pool_bytes, slab.PAGE), prefault=prefault))
         self.epoch = secrets.token_hex(6)
+        self.reservation = slab.Reservation(self.slab, min_block, reserved=prefault)
         self.clients: dict[str, str] = {}  # pid -> its name
         self.gateways: set[str] = set()
         self.weights: dict[str, Weights] = {}
@@ -74,8 +77,10 @@ class MemoryManager:
         self.meta: dict[tuple[int, str], dict] = {}  # (block, cache key) -> what `cache` said of it
         self.requests = 0
         self.garbage = 0
+        self.sweeps = 0
 
     def close(self) -> None:
+        self.reservation.close()
         slab.remove(self.slab)
         for weights in self.weights.values():
             slab.remove(weights.path)
@@ -90,13 +95,23 @@ class MemoryManager:
         try:
             if kind is p.Alloc:
                 block = pool.alloc(r.nbytes, (r.call, r.process))
+                problem = self.reservation.reserve(block.offset, block.size)
+                if problem:  # tmpfs has no room for its pages: refused now, not a SIGBUS in whoever writes them
+                    pool.free(block.id, (r.call, r.process))
+                    return self.reply(r, error=problem, code=p.NO_ROOM)
                 if r.cache_key:
                     pool.cache(block.id, r.cache_key)
                 return self.reply(r, block=block.id, offset=block.offset, size=block.size)
             if kind is p.RefAt:
+                if r.epoch and r.epoch != self.epoch:
+                    return self.reply(r, error="the address lies in the slab of an earlier memory manager", code=p.STALE)
                 block = pool.find_alloc_by_ptr(r.offset)
                 if block is None:
-                    return self.reply(r, error=f"no block of the pool holds byte {r.offset}")
+                    return self.reply(
+                        r,
+                        error=f"byte {r.offset} of the pool is in no live block: a tensor over a block released "
+                        "already was sent (keep a .clone() of what you hold past an activation)",
+                    )
                 pool.add_ref(block.id, (r.call, r.process))
                 return self.reply(r, block=block.id, offset=block.offset, size=block.size)
             if kind is p.AddRef:
@@ -128,6 +143,8 @@ class MemoryManager:
             if kind is p.Statistics:
                 return self.reply(r, data=self.statistics())
             if kind is p.Hello:
+                if not 0 < r.pid < PID_MAX:
+                    return self.reply(r, error=f"a client's PID must be between 1 and {PID_MAX - 1}, not {r.pid}")
                 self.clients[str(r.pid)] = r.name
                 if r.kind == "gateway":
                     self.gateways.add(str(r.pid))
@@ -138,6 +155,15 @@ class MemoryManager:
                 return self.loaded(r)
             if kind is p.Arrive:
                 return self.arrive(r)
+            if kind is p.Settled:
+                barrier = self.barriers.get(r.group)
+                if barrier is None and r.participants >= 1:
+                    self.barriers[r.group] = Barrier(r.participants, value=r.value)
+                elif barrier is not None and barrier.value is None:
+                    barrier.value = r.value  # (a restarted replica arrived before its mates re-announced it)
+                return self.reply(r)
+        except (PoolExhausted, TooLarge) as error:
+            return self.reply(r, error=str(error), code=p.NO_ROOM)
         except PoolError as error:
             return self.reply(r, error=str(error))
         return self.reply(r, error=f"unknown request {kind.__name__}")
@@ -157,10 +183,15 @@ class MemoryManager:
         if entry is not None and entry.state == "failed" and entry.owner not in entry.users:
             entry.owner, entry.state, entry.error = r.process, "loading", ""  # its owner died: this one loads
         if entry is None:
-            try:
-                path = str(slab.create("w", r.nbytes))
-            except OSError as error:
-                return self.reply(r, error=f"cannot make a shared segment of {r.nbytes} bytes for `{r.key}`: {error}")
+            try:  # its pages reserved now (all of them are written by the load): no SIGBUS later
+                path = str(slab.create("w", r.nbytes, prefault=True))
+            except (OSError, OverflowError) as error:
+                return self.reply(
+                    r,
+                    error=f"cannot make a shared segment of {r.nbytes} bytes for `{r.key}` in {slab.shm_dir()} "
+                    f"({getattr(error, 'strerror', None) or error}): free or enlarge it (docker run --shm-size)",
+                    code=p.NO_ROOM,
+                )
             entry = self.weights[r.key] = Weights(path, r.nbytes, r.layout, r.process)
         entry.users.add(r.process)
         role = "owner" if entry.owner == r.process else "follower"
@@ -198,6 +229,7 @@ class MemoryManager:
     # ── dead clients ──
 
     def sweep(self) -> None:
+        self.sweeps += 1
         pool = self.pool
         holders = {process for block in pool.blocks() for (_, process) in block.refs if process}
         for pid in sorted(set(self.clients) | holders | {u for w in self.weights.values() for u in w.users}):
@@ -225,6 +257,7 @@ class MemoryManager:
         stats["slab"] = self.slab
         stats["requests"] = self.requests
         stats["garbage_requests"] = self.garbage
+        stats["sweeps"] = self.sweeps
         stats["clients"] = dict(sorted(self.clients.items()))
         stats["weights"] = {
             key: {"bytes": w.nbytes, "state": w.state, "users": len(w.users)} for key, w in sorted(self.weights.items())
@@ -259,7 +292,10 @@ def serve(manager: MemoryManager, socket: zmq.Socket, parent: int | None, stop=l
                 answer(manager, socket, frames)
         if time.monotonic() >= next_sweep:
             next_sweep = time.monotonic() + SWEEP_EVERY
-            manager.sweep()
+            try:
+                manager.sweep()
+            except Exception:  # noqa: BLE001 - a bug here must not take every client's memory down
+                log.exception("memory: the sweep of dead clients failed (a flowrt bug)")
             if parent and not alive(parent):
                 return
 
@@ -292,6 +328,7 @@ def main() -> int:
     from flowrt.logs import show_log
 
     show_log(debug=bool(config.get("debug")))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a supervisor's stop: `finally` removes the files
     try:
         manager = MemoryManager(
             config["pool_bytes"], min_block=config.get("min_block", 4096), prefault=config.get("prefault", False)

@@ -40,6 +40,7 @@ class RefAt(Request, tag="ref_at"):
     offset: int
     call: str
     process: str
+    epoch: str = ""  # the manager whose slab the sender's address lies in: another one refuses ("stale")
 
 
 class AddRef(Request, tag="add_ref"):
@@ -110,9 +111,22 @@ class Arrive(Request, tag="arrive"):
     proposal: int
 
 
+class Settled(Request, tag="settled"):
+    """kv_pool_barrier `group` was settled at `value` under an earlier manager: a manager that
+    started since learns it from the clients that know it, so a replica restarted later
+    still gets the size at once."""
+
+    group: str
+    participants: int
+    value: int
+
+
 MemoryRequest = (
-    Hello | Alloc | RefAt | AddRef | Free | Adopt | ReleaseCall | Lookup | Cache | Statistics | Claim | Loaded | Arrive
+    Hello | Alloc | RefAt | AddRef | Free | Adopt | ReleaseCall | Lookup | Cache | Statistics | Claim | Loaded | Arrive | Settled
 )
+
+NO_ROOM = "no_room"  # Reply.code: the pool (or the shared-memory file system under it) has no room for it
+STALE = "stale"  # Reply.code: the address lies in another manager's slab
 
 
 class Reply(msgspec.Struct, array_like=True):
@@ -125,6 +139,7 @@ class Reply(msgspec.Struct, array_like=True):
     slab: str = ""  # the slab's file: a client maps it once per manager incarnation
     epoch: str = ""
     data: dict[str, Any] = {}
+    code: str = ""  # what kind of refusal `error` is, for code to act on (NO_ROOM, STALE)
 
 
 class Garbage(Exception):

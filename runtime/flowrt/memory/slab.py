@@ -69,6 +69,38 @@ def sweep(directory: Path) -> None:
                 entry.unlink()
 
 
+class Reservation:
+    """Which pages of a slab tmpfs has backed. A block's pages are reserved (posix_fallocate)
+    when the block is first handed out, so a full /dev/shm (a container's is often 64 MiB) is an
+    allocation's error instead of a SIGBUS in the process that writes the page; a range
+    reserved once stays reserved (the file is never punched), so reuse costs one lookup."""
+
+    def __init__(self, path: str | Path, granule: int, *, reserved: bool = False):
+        self.fd = os.open(path, os.O_RDWR)
+        self.granule = granule
+        granules = -(-os.fstat(self.fd).st_size // granule)
+        self.done = bytearray(b"\x01" if reserved else b"\x00") * granules
+
+    def reserve(self, offset: int, size: int) -> str:
+        """Back [offset, offset+size) now; "" when done, else why it cannot be (for the user)."""
+        first, end = offset // self.granule, -(-(offset + size) // self.granule)
+        if self.done.find(0, first, end) == -1:
+            return ""
+        try:
+            os.posix_fallocate(self.fd, offset, size)
+        except OSError as error:
+            return (
+                f"the shared-memory file system {shm_dir()} has no room for {size} more bytes ({error.strerror}): "
+                "free or enlarge it (docker run --shm-size), or give a smaller pool (--pool-mb)"
+            )
+        self.done[first:end] = b"\x01" * (end - first)
+        return ""
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
 class Mapping:
     """One process's shared mapping of a whole file, and the file kept open for private views."""
 

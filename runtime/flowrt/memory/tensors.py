@@ -19,14 +19,17 @@ as before.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any
 
 from flowrt.memory import protocol as p
-from flowrt.memory.client import MemoryClient, MemoryError_
+from flowrt.memory.client import MemoryClient, MemoryError_, MemoryRefused
 from flowrt.transport import codec
 
 INLINE_LIMIT = codec.INLINE_LIMIT  # smaller tensors are cheaper pickled in the frame
+log = logging.getLogger("flowrt.memory")
+_warned_full = False  # the pool-full fallback is logged once per process
 
 
 def _modules() -> tuple[Any, Any]:
@@ -53,8 +56,16 @@ class Encoder:
         kind = type(obj)
         torch = self.torch
         if torch is not None and kind is torch.Tensor:
-            if obj.device.type != "cpu" or obj.is_sparse or obj.numel() * obj.element_size() < INLINE_LIMIT:
+            if (
+                obj.device.type != "cpu"
+                or obj.layout is not torch.strided  # sparse (COO, CSR...), mkldnn: pickled as they are
+                or obj.is_quantized
+                or obj.is_nested
+                or obj.numel() * obj.element_size() < INLINE_LIMIT
+            ):
                 return NotImplemented
+            if obj.is_conj() or obj.is_neg():  # a lazy conjugate or negation: its bytes alone would lose it
+                obj = obj.resolve_conj().resolve_neg()
             return self._handle(obj, "torch", str(obj.dtype).removeprefix("torch."), obj.data_ptr(), obj.is_contiguous())
         if kind is self.numpy.ndarray:
             if obj.dtype.hasobject or obj.dtype.fields is not None or obj.nbytes < INLINE_LIMIT:  # (records: pickled)
@@ -67,7 +78,13 @@ class Encoder:
         nbytes = obj.nbytes if kind == "numpy" else obj.numel() * obj.element_size()
         located = self._located(obj, kind, address, nbytes) if contiguous else None
         if located is None:
-            reply = client.alloc(nbytes, call=self.call)
+            try:
+                reply = client.alloc(nbytes, call=self.call)
+            except MemoryRefused as error:
+                if error.code != p.NO_ROOM:
+                    raise
+                _pool_full(error)
+                return NotImplemented  # the pool is full: this tensor is pickled into the frame instead
             self._copy_into(obj, kind, reply.offset, nbytes)
             located = (client.mapping.path, client.epoch, reply.block, reply.offset, reply.size, 0)
             if self.gateway:
@@ -85,10 +102,16 @@ class Encoder:
                 return None  # written since it arrived, or its manager is gone: copied
             self._ref(view.block)
             return view.slab, view.epoch, view.block, view.offset, view.end - view.start, address - view.start
-        slab_offset = client.slab_offset(address, nbytes)
-        if slab_offset is None:
+        located = client.locate(address, nbytes)
+        if located is None:
             return None
-        reply = client.request(p.RefAt(p.VERSION, 0, slab_offset, self.call, ""))
+        slab_offset, epoch = located
+        try:
+            reply = client.request(p.RefAt(p.VERSION, 0, slab_offset, self.call, "", epoch))
+        except MemoryRefused as error:
+            if error.code == p.STALE:
+                return None  # made under a manager that died since: its bytes are copied into the new pool
+            raise
         if self.gateway:
             self.refs.append(-reply.block)  # the gateway's own tensor (memory.empty): this ref is the activation's
         if slab_offset + nbytes > reply.offset + reply.size:
@@ -98,8 +121,15 @@ class Encoder:
     def _ref(self, block: int) -> None:
         if self.gateway:
             self.refs.append(block)  # posted in order before the start (`take_refs`)
-        else:
+            return
+        try:
             self.client.request(p.AddRef(p.VERSION, 0, block, self.call, ""))
+        except MemoryRefused as error:
+            raise MemoryRefused(
+                "a received tensor was sent on after the call that brought it had ended, and its block was released "
+                "(another call may have its bytes now): keep a .clone() of a tensor you hold past an activation "
+                f"({error})"
+            ) from None
 
     def _copy_into(self, obj: Any, kind: str, offset: int, nbytes: int) -> None:
         target = self.client.mapping.map
@@ -172,6 +202,13 @@ class Decoder:
         array = array.reshape(shape)
         array.flags.writeable = False
         return array
+
+
+def _pool_full(error: MemoryRefused) -> None:
+    global _warned_full
+    if not _warned_full:
+        _warned_full = True
+        log.warning("memory: %s; until it has room, tensors are pickled into their frames (slower, nothing lost)", error)
 
 
 def rebuild(*handle: Any) -> Any:

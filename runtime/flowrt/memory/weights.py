@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import inspect
 import json
+import logging
 import time
 from typing import Any
 
@@ -28,6 +29,8 @@ from flowrt.memory.slab import Mapping
 
 ALIGN = 64  # bytes: every tensor starts on a cache line
 FIRST_POLL, LAST_POLL = 0.02, 1.0  # seconds between a waiting follower's looks, doubling
+log = logging.getLogger("flowrt.memory")
+WAIT_NOTICE = 10.0  # seconds a kv_pool_barrier waits before it says in the log what it waits for
 
 
 def _layout(model: Any) -> tuple[list[tuple], int]:
@@ -67,11 +70,11 @@ def _bind(entries: list[tuple], mapping: Mapping, follower: bool) -> None:
         tensor = torch.from_numpy(base[offset : offset + nbytes]).view(dtype).view(shape)
         if is_parameter:
             module._parameters[attribute] = parameter(tensor, requires_grad=False)
-        else:
-            module._buffers[attribute] = tensor
+        else:  # (a follower's persistent buffers are the owner's too: load_state_dict writes them)
+            module._buffers[attribute] = tensor.as_subclass(_SkipCopyBuffer.get()) if follower else tensor
 
 
-def _skip_copy_class() -> Any:
+def _skip_copy_parameter() -> Any:
     import torch
 
     class SkipCopyParameter(torch.nn.Parameter):
@@ -83,17 +86,40 @@ def _skip_copy_class() -> Any:
     return SkipCopyParameter
 
 
+def _skip_copy_buffer() -> Any:
+    import torch
+
+    class SkipCopyBuffer(torch.Tensor):
+        """A follower's buffer: as a follower's parameter, `copy_` into it is a no-op. Like
+        torch's Parameter, it does not pass itself on: what an operation on it returns is a
+        plain tensor (else a model's output would ignore copies too)."""
+
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        def copy_(self, source: Any, non_blocking: bool = False) -> Any:
+            return self
+
+    return SkipCopyBuffer
+
+
 class _Lazy:
-    def __init__(self) -> None:
+    """A class made on first use (torch is imported only by processes that share weights)."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
         self.cls: Any = None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def get(self) -> Any:
         if self.cls is None:
-            self.cls = _skip_copy_class()
-        return self.cls(*args, **kwargs)
+            self.cls = self.make()
+        return self.cls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.get()(*args, **kwargs)
 
 
-_SkipCopy = _Lazy()
+_SkipCopy = _Lazy(_skip_copy_parameter)
+_SkipCopyBuffer = _Lazy(_skip_copy_buffer)
 
 
 async def shared_model(
@@ -113,7 +139,9 @@ async def shared_model(
         reply = client.request(p.Claim(p.VERSION, 0, key, nbytes, layout, client.process))
         role, state = reply.data["role"], reply.data["state"]
         if bound != role:
-            _bind(entries, Mapping(reply.data["path"]), follower=role == "follower")
+            # one mapping of a segment per process (the client's, closed with it): a process that
+            # asks for the same model again maps it no second time (no fd, no mmap per call)
+            _bind(entries, client.mapped(reply.data["path"]), follower=role == "follower")
             bound = role
         if role == "owner" and state == "loading":
             try:
@@ -138,18 +166,33 @@ async def shared_model(
 async def kv_pool_barrier(
     client: MemoryClient, propose: Any, *, group: str = "kv", participants: int | None = None, timeout: float = 600.0
 ) -> int:
-    participants = participants or client.participants
+    shown = group
+    if participants is None:  # the co-located processes: this role's and those sharing its GPUs (the deployment says)
+        participants = client.participants
+        group = f"{group}@{client.colocated}" if client.colocated else group
     deadline = time.monotonic() + timeout
+    say_at = time.monotonic() + WAIT_NOTICE
 
     async def until(phase: int, proposal: int, done: Any) -> dict:
+        nonlocal say_at
         interval = FIRST_POLL
         while True:
             data = client.request(p.Arrive(p.VERSION, 0, group, phase, client.name, participants, proposal)).data
             if done(data):
                 return data
+            if time.monotonic() >= say_at:  # (once: a barrier some process never reaches waits silently else)
+                say_at = float("inf")
+                log.warning(
+                    "%s: kv_pool_barrier `%s` waits for %d co-located processes, %d of which loaded their weights "
+                    "so far; every one of them must call it (or pass participants=N)",
+                    client.name,
+                    shown,
+                    data["participants"],
+                    data["loaded"],
+                )
             if time.monotonic() >= deadline:
                 raise MemoryError_(
-                    f"kv_pool_barrier `{group}`: {data['loaded']} of {data['participants']} co-located processes loaded "
+                    f"kv_pool_barrier `{shown}`: {data['loaded']} of {data['participants']} co-located processes loaded "
                     f"their weights and {data['proposed']} proposed a size within {timeout:g}s"
                 )
             await asyncio.sleep(interval)

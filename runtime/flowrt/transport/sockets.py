@@ -49,9 +49,11 @@ def _sweep(base: Path) -> None:
 
 def alive(pid: int) -> bool:
     """Whether process `pid` runs (a zombie, exited but not reaped, does not)."""
+    if pid <= 0:  # (kill(0) and kill(-1) would ask about process groups)
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError, ValueError):  # (no such PID can exist: a forged one)
         return False
     except PermissionError:
         return True  # someone else's: it exists
