@@ -12,24 +12,22 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="the data plane's tensors need torch (pip install 'flowc[torch]')")
 numpy = pytest.importorskip("numpy")
 
-import zmq  # noqa: E402
 
 from flowrt.memory import keeper, slab  # noqa: E402
 from flowrt.memory.api import InprocMemory, ProcessMemory  # noqa: E402
 from flowrt.memory.client import MemoryClient  # noqa: E402
-from flowrt.memory.manager import MemoryManager, serve  # noqa: E402
-from flowrt.transport.sockets import alive, bind, ipc_endpoint, private_dir, remove_dir  # noqa: E402
+from flowrt.transport.sockets import alive, ipc_endpoint, private_dir, remove_dir  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.deploy.helpers import bundle_with_roles, calls, deployed, wait_for  # noqa: E402
 from tests.deploy.test_faults import FLOW as PLAIN_FLOW  # noqa: E402
 from tests.deploy.test_faults import ROLES as PLAIN_ROLES  # noqa: E402
+from tests.memory.threaded import threaded_manager  # noqa: E402
 
 MODEL_FLOW = """
 placeholder request: Json
@@ -151,20 +149,8 @@ def test_a_manager_that_does_not_stop_on_sigterm_is_killed_and_its_files_removed
 
 @pytest.fixture
 def manager():
-    directory = private_dir()
-    state = MemoryManager(1 << 20)
-    context = zmq.Context()
-    socket = context.socket(zmq.ROUTER)
-    state.endpoint = bind(socket, ipc_endpoint(directory, "memory"))
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=(state, socket, None, stop.is_set), daemon=True)
-    thread.start()
-    yield state
-    stop.set()
-    thread.join(5)
-    context.destroy(linger=0)
-    state.close()
-    remove_dir(directory)
+    with threaded_manager() as state:
+        yield state
 
 
 @pytest.fixture

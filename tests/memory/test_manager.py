@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import msgspec
 import pytest
@@ -16,47 +15,21 @@ import zmq
 
 from flowrt.memory import protocol as p
 from flowrt.memory.client import MemoryClient, MemoryRefused
-from flowrt.memory.manager import MemoryManager, serve
 from flowrt.transport.sockets import bind, ipc_endpoint, private_dir, remove_dir
+from tests.memory.threaded import threaded_manager
 
 
 @pytest.fixture
 def manager():
-    directory = private_dir()
-    state = MemoryManager(1 << 20)
-    context = zmq.Context()
-    socket = context.socket(zmq.ROUTER)
-    endpoint = bind(socket, ipc_endpoint(directory, "memory"))
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=(state, socket, None, stop.is_set), daemon=True)
-    thread.start()
-    state.endpoint = endpoint
-    yield state
-    stop.set()
-    thread.join(5)
-    context.destroy(linger=0)
-    state.close()
-    remove_dir(directory)
-    assert not os.path.exists(state.slab)
+    with threaded_manager() as state:
+        yield state
 
 
 @pytest.fixture
 def other_manager():
     """A second manager: another machine's, as far as a client of the first can tell."""
-    directory = private_dir()
-    state = MemoryManager(1 << 20)
-    context = zmq.Context()
-    socket = context.socket(zmq.ROUTER)
-    state.endpoint = bind(socket, ipc_endpoint(directory, "memory"))
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=(state, socket, None, stop.is_set), daemon=True)
-    thread.start()
-    yield state
-    stop.set()
-    thread.join(5)
-    context.destroy(linger=0)
-    state.close()
-    remove_dir(directory)
+    with threaded_manager() as state:
+        yield state
 
 
 def test_a_handle_of_another_manager_is_refused_not_mapped_or_adopted(manager, other_manager):
