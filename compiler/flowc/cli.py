@@ -10,6 +10,7 @@ reaches the user without `--debug`.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import click
 from flowc import __version__
 from flowc.check import check_source
 from flowc.citools import commands as ci_commands
-from flowc.cli_support import EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
+from flowc.cli_support import EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_PIPE, EXIT_USAGE
 from flowc.cli_support import checked_program as _checked_program
 from flowc.cli_support import color as _color
 from flowc.cli_support import color_option as _color_option
@@ -37,6 +38,10 @@ class FlowcGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
+        except BrokenPipeError:  # the reader of our output went away (`flowc ... | head`): as a Unix tool on SIGPIPE
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # (so the interpreter's last flush fails quietly too)
+            ctx.exit(EXIT_PIPE)
         except Exception as error:  # noqa: BLE001 - the last line of defence for the user
             if ctx.params.get("debug"):
                 raise
@@ -309,7 +314,8 @@ def build(file: str, out: str | None, targets: tuple[str, ...], vendor: bool, ch
             staleness = bundles.compare(bundle, out_dir)
         except bundles.Unreadable as error:
             raise click.UsageError(str(error)) from None
-        sys.exit(EXIT_OK if bundles.report(staleness, out_dir, file, click.echo) else EXIT_ERRORS)
+        options = "".join(f" --target {t}" for t in targets if "all" not in targets) + (" --vendor" if vendor else "")
+        sys.exit(EXIT_OK if bundles.report(staleness, out_dir, file, click.echo, options) else EXIT_ERRORS)
     try:
         _prepare_output(out_dir)
         bundle.write(out_dir)

@@ -18,6 +18,7 @@ from flowc.diagnostics import render_text
 from flowc.sources import SourceText, read_source, read_stream
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_PIPE = 128 + 13  # the reader of the output went away: what a Unix tool killed by SIGPIPE exits with
 
 
 def read_path(path: str) -> tuple[SourceText, Path | None]:

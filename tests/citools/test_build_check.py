@@ -3,6 +3,7 @@ stale (a hand-edited, missing or extra file, a changed .flow file) and passes wh
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -93,6 +94,35 @@ def test_other_build_options_are_hinted(project):
     result = check(project, "--target", "local")
     assert result.returncode == 1
     assert "hint: the bundle in bundle was built for k8s, local, ray: pass `--target all`" in result.stderr
+
+
+def test_the_command_to_rebuild_keeps_the_builds_own_options(project):
+    built = flowc("build", "diamond/pipeline.flow", "-o", "vendored", "--vendor", "--target", "local", cwd=project)
+    assert built.returncode == 0, built.stderr
+    with (project / "diamond" / "pipeline.flow").open("a") as source:
+        source.write("# a change\n")
+    result = flowc("build", "diamond/pipeline.flow", "-o", "vendored", "--check", "--vendor", "--target", "local", cwd=project)
+    assert result.returncode == 1
+    assert "`flowc build diamond/pipeline.flow -o vendored --target local --vendor`" in result.stderr, result.stderr
+
+
+def test_a_reader_that_goes_away_is_not_an_internal_error(project):
+    (project / "bundle" / "bundle.json").write_text("stale\n" * 20_000)  # a long diff to print
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before flowc writes a byte (`flowc ... | head` that exited)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "flowc", "build", "diamond/pipeline.flow", "-o", "bundle", "--check"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=project,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert result.returncode == 141, result.stderr  # as a Unix tool killed by SIGPIPE
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_a_missing_bundle_fails_and_a_file_in_its_place_is_a_usage_error(project):

@@ -212,7 +212,7 @@ def test_bad_inputs_are_one_line_errors(project):
     result = flowc("test", cwd=project)
     assert result.returncode == 2
     assert "ERROR    tests/talk.list\n    tests/talk.list.input.json holds a JSON list; it holds what `flowc run" in result.stdout
-    assert "FAIL     tests/talk.wrong\n    the call was refused: graph `talk` takes request; missing request" in result.stdout
+    assert "ERROR    tests/talk.wrong\n    the call was refused: graph `talk` takes request; missing request" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
 
 
@@ -257,3 +257,45 @@ def test_deploy_local_gives_the_same_events(project):
     result = flowc("test", "--deploy", "local", cwd=project)
     assert result.returncode == 0, result.stdout + result.stderr
     assert flowc("test", "--deploy", "nowhere", cwd=project).returncode == 2
+
+
+def test_an_input_the_graph_refuses_is_an_error_that_cannot_be_re_recorded(project):
+    (project / "tests" / "talk.typo.input.json").write_text('{"requset": {"what": "words"}}\n')
+    result = flowc("test", "tests/talk.typo.input.json", cwd=project)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0] == "ERROR    tests/talk.typo"
+    assert "the call was refused" in result.stdout and "fix tests/talk.typo.input.json" in result.stdout
+    assert "--update" not in result.stderr  # nothing to re-record
+    assert flowc("test", "--update", "tests/talk.typo.input.json", cwd=project).returncode == 2
+    assert not (project / "tests" / "talk.typo.events.jsonl").exists()
+
+
+STATEFUL = """
+class Speaker:
+    async def talk(self, ctx, request):
+        yield {"word": "w", "tag": "t"}
+
+
+class Counter:
+    def __init__(self):
+        self.calls = 0  # what an earlier case left here would change a later case's answer
+
+    async def count(self, ctx, request):
+        self.calls += 1
+        return {"total": {"count": self.calls, "of": request["what"]}}
+"""
+
+
+def test_each_case_runs_on_a_deployment_of_its_own(project):
+    (project / "probe_roles.py").write_text(STATEFUL)
+    (project / "tests" / "talk.again.input.json").write_text('{"request": {"what": "again"}}\n')
+    assert flowc("test", "--update", cwd=project).returncode == 0
+    for case in ("talk", "talk.again"):
+        (returned,) = [
+            e
+            for e in map(json.loads, (project / "tests" / f"{case}.events.jsonl").read_text().splitlines())
+            if e["event"] == "return"
+        ]
+        assert returned["value"]["count"] == 1, (case, returned)  # the first call of its deployment, both times
+    alone = flowc("test", "tests/talk.again.input.json", cwd=project)
+    assert alone.returncode == 0, alone.stdout  # alone or after another case: the same answer

@@ -241,7 +241,13 @@ CASES = [
     Case("unknown command", ("chekc", "p.flow"), 2, ("No such command 'chekc'",)),
     Case("bad --format", ("check", "--format", "yaml", "p.flow"), 2, ("'yaml' is not one of 'text', 'json'",), {"p.flow": GOOD}),
     Case("no files", ("check",), 2, ("Missing argument 'FILES...'",)),
-    Case("build without -o", ("build", "p.flow"), 2, ("Missing option '-o'",), {"p.flow": GOOD}),
+    Case(
+        "build from stdin without -o",
+        ("build", "-"),
+        2,
+        ("a pipeline read from stdin has no directory", "pass -o DIR"),
+        stdin=GOOD.encode(),
+    ),
     Case("bad --target", ("build", "p.flow", "-o", "out", "--target", "aws"), 2, ("'aws' is not one of",), {"p.flow": GOOD}),
     Case(
         "unknown graph to draw",

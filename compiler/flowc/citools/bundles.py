@@ -115,8 +115,9 @@ def _hints(bundle: Bundle, out: Path) -> list[str]:
     return hints
 
 
-def report(staleness: Staleness, out: Path, source: str, echo) -> bool:
-    """Print the verdict of `flowc build --check` (`echo(text, err=False)`); whether it is fresh."""
+def report(staleness: Staleness, out: Path, source: str, echo, options: str = "") -> bool:
+    """Print the verdict of `flowc build --check` (`echo(text, err=False)`); whether it is fresh.
+    `options`: the build's own flags (" --target local --vendor"), repeated in the command to rebuild."""
     if staleness.fresh:
         echo(f"{out} is up to date with {source}")
         return True
@@ -130,7 +131,7 @@ def report(staleness: Staleness, out: Path, source: str, echo) -> bool:
         echo(f"hint: {hint}", err=True)
     echo(
         f"flowc: the bundle in {out} is stale ({staleness.summary()}); "
-        f"rebuild it with `flowc build {source} -o {out}` and commit the result",
+        f"rebuild it with `flowc build {source} -o {out}{options}` and commit the result",
         err=True,
     )
     return False

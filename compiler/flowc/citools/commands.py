@@ -84,7 +84,11 @@ def golden_test(
         if outcome.detail and outcome.verdict != "passed":
             click.echo("".join(f"    {line}\n" for line in outcome.detail.splitlines()), nl=False)
     counts = {verdict: sum(o.verdict == verdict for o in outcomes) for verdict in _TAGS}
-    shown = ", ".join(f"{n} {verdict}" for verdict, n in counts.items() if n or verdict in ("passed", "failed"))
+    shown = ", ".join(
+        f"{n} {'errors' if verdict == 'error' and n != 1 else verdict}"
+        for verdict, n in counts.items()
+        if n or verdict in ("passed", "failed")
+    )
     click.echo(f"{len(outcomes)} {'case' if len(outcomes) == 1 else 'cases'}: {shown}")
     code = max((o.code for o in outcomes), default=EXIT_OK)
     if junit_file:
@@ -97,7 +101,7 @@ def golden_test(
                 f"flowc: cannot write {junit_file}: {error.strerror or error}; choose a writable path for --junit", err=True
             )
             code = EXIT_USAGE
-    if code == EXIT_ERRORS and not update:
+    if not update and any(o.verdict == "failed" for o in outcomes):  # (something --update would re-record)
         click.echo(
             "flowc: if the new events are intended, re-record them with `flowc test --update` and review the diff", err=True
         )

@@ -96,25 +96,22 @@ async def _run_pipeline(pipeline: Path, cases: list[Case], options: Options) -> 
     with tempfile.TemporaryDirectory(prefix="flowc-test-") as scratch, _own_imports(pipeline):
         bundle_dir = Path(scratch) / "flowc-test-bundle"
         build_bundle(result.program, pipeline, bundle_dir).write(bundle_dir)
-        try:
-            async with running.deployed(bundle_dir, options.placement, options.debug) as runtime:
-                for case, inputs in ready:
-                    graph = plan.graphs[case.graph]
-                    ordered = {o.field: o.ordered for o in graph.outputs if o.kind == "stream"}
-                    timeout = options.timeout or graph.timeout_s or DEFAULT_TIMEOUT_S
+        for case, inputs in ready:  # each on a deployment of its own: no case sees what another left in a role
+            graph = plan.graphs[case.graph]
+            ordered = {o.field: o.ordered for o in graph.outputs if o.kind == "stream"}
+            timeout = options.timeout or graph.timeout_s or DEFAULT_TIMEOUT_S
+            try:
+                async with running.deployed(bundle_dir, options.placement, options.debug) as runtime:
                     started = time.perf_counter()
                     try:
                         observed = await running.call_events(runtime, case.graph, inputs, timeout)
                     except running.Refused as error:
-                        outcomes.append(
-                            Outcome(case, FAILED, f"the call was refused: {error.message}", time.perf_counter() - started, 1)
-                        )
+                        reason = f"the call was refused: {error.message}; fix {case.input.as_posix()}"
+                        outcomes.append(Outcome(case, ERROR, reason, time.perf_counter() - started, 2))
                         continue
                     outcomes.append(_judge(case, observed, ordered, options, time.perf_counter() - started))
-        except running.Refused as error:
-            done = {o.case for o in outcomes}
-            reason = f"{pipeline.as_posix()} cannot run: {error.message}"
-            outcomes += [Outcome(c, ERROR, reason, code=2) for c, _ in ready if c not in done]
+            except running.Refused as error:
+                outcomes.append(Outcome(case, ERROR, f"{pipeline.as_posix()} cannot run: {error.message}", code=2))
     return outcomes
 
 
