@@ -327,25 +327,46 @@ def build(file: str, out: str | None, targets: tuple[str, ...], vendor: bool, ch
     click.echo(f"wrote {out_dir}: {len(bundle.files)} files, {bundle.size:,} bytes ({', '.join(chosen)})")
 
 
+BUNDLE_TOP = frozenset({"__init__.py", "__main__.py", "bundle.json", "plan.json"})  # what a bundle holds at its top
+BUNDLE_DIRS = frozenset({"deploy", "nodes", "vendor"})  # and below these
+
+
+def _previous_bundle_files(out: Path) -> list[str] | None:
+    """The files a bundle that flowc wrote at `out` lists in its bundle.json; None where `out`
+    holds no such bundle (no bundle.json, or one flowc did not write)."""
+    try:
+        manifest = json.loads((out / "bundle.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("flowc_version"), str):
+        return None
+    files = manifest.get("files")
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    return files
+
+
 def _prepare_output(out: Path) -> None:
-    """Remove the files of a previous bundle at `out`; refuse to write into anything else."""
+    """Remove the files of a previous bundle at `out`; refuse to write into anything else.
+    Only what a bundle can hold is removed (its top files, deploy/, nodes/, vendor/), and only
+    where bundle.json is flowc's: a directory of other files is never touched."""
     if not out.exists():
         return
     if not out.is_dir():
         raise click.UsageError(f"{out} exists and is not a directory")
-    previous = out / "bundle.json"
-    if previous.is_file():
-        try:
-            files = json.loads(previous.read_text(encoding="utf-8")).get("files", [])
-        except ValueError:
-            files = []
-        for relative in files:
-            target = (out / relative).resolve()
-            if out.resolve() in target.parents and target.is_file():
-                target.unlink()
+    files = _previous_bundle_files(out)
+    if files is None:
+        if any(out.iterdir()):
+            raise click.UsageError(f"{out} is not empty and holds no bundle; choose an empty or new directory")
         return
-    if any(out.iterdir()):
-        raise click.UsageError(f"{out} is not empty and holds no bundle; choose an empty or new directory")
+    root = out.resolve()
+    for relative in files:
+        parts = Path(relative).parts
+        if not parts or (relative not in BUNDLE_TOP and parts[0] not in BUNDLE_DIRS) or ".." in parts:
+            continue
+        target = out / relative
+        if root in target.resolve().parents and target.is_file() and not target.is_symlink():
+            target.unlink()
 
 
 @main.command()

@@ -188,18 +188,23 @@ async def run_once(
 
 
 @contextlib.asynccontextmanager
-async def deployed(bundle_dir: Path, placement: dict | None = None, debug: bool = False):
+async def deployed(bundle_dir: Path, placement: dict | None = None, debug: bool = False, open_timeout: float | None = None):
     """The runtime of the bundle at `bundle_dir`, deployed as `placement` says (`placement()`)
-    and closed on leaving; Refused when it cannot open (a role that cannot run, say)."""
+    and closed on leaving; Refused when it cannot open (a role that cannot run, say), or does
+    not within `open_timeout` seconds (a setup() that never returns)."""
     from flowrt.control import FlowrtError
     from flowrt.deploy import open_deployment
     from flowrt.logs import show_log
 
     show_log(debug=debug)
     try:
-        deployment = await open_deployment(bundle_dir, **(placement or {}), debug=debug)
+        deployment = await asyncio.wait_for(open_deployment(bundle_dir, **(placement or {}), debug=debug), open_timeout)
     except FlowrtError as error:
         raise Refused(str(error)) from None
+    except TimeoutError:
+        raise Refused(
+            f"it did not start within {open_timeout:g}s: a role's setup() does not return, or waits for what never comes"
+        ) from None
     try:
         yield deployment.runtime
     finally:

@@ -3,6 +3,7 @@ stale (a hand-edited, missing or extra file, a changed .flow file) and passes wh
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -168,3 +169,26 @@ def test_o_still_wins_and_stdin_needs_it(project):
         timeout=60,
     )
     assert piped.returncode == 2 and "pass -o DIR" in piped.stderr
+
+
+def test_build_never_touches_a_directory_whose_bundle_json_flowc_did_not_write(project):
+    theirs = project / "theirs"
+    (theirs / "src").mkdir(parents=True)
+    (theirs / "src" / "main.py").write_text("important\n")
+    (theirs / "README.md").write_text("notes\n")
+    for manifest in ('{"name": "my-lib", "files": ["src/main.py", "README.md"]}', "[1, 2]", '{"files": 5}'):
+        (theirs / "bundle.json").write_text(manifest)
+        result = flowc("build", "diamond/pipeline.flow", "-o", "theirs", cwd=project)
+        assert result.returncode == 2, result.stderr
+        assert "theirs is not empty and holds no bundle" in result.stderr and "internal error" not in result.stderr
+        assert (theirs / "src" / "main.py").read_text() == "important\n" and (theirs / "README.md").exists()
+
+
+def test_a_previous_bundle_is_replaced_and_only_its_own_files_go(project):
+    (project / "bundle" / "NOTES.md").write_text("mine\n")  # a file of the user's beside a bundle
+    listed = json.loads((project / "bundle" / "bundle.json").read_text())
+    listed["files"].append("NOTES.md")  # even if bundle.json were edited to list it
+    (project / "bundle" / "bundle.json").write_text(json.dumps(listed))
+    rebuilt = flowc("build", "diamond/pipeline.flow", "-o", "bundle", cwd=project)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (project / "bundle" / "NOTES.md").read_text() == "mine\n"

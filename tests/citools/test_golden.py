@@ -299,3 +299,81 @@ def test_each_case_runs_on_a_deployment_of_its_own(project):
         assert returned["value"]["count"] == 1, (case, returned)  # the first call of its deployment, both times
     alone = flowc("test", "tests/talk.again.input.json", cwd=project)
     assert alone.returncode == 0, alone.stdout  # alone or after another case: the same answer
+
+
+def test_update_writes_a_recording_whole_or_keeps_the_old_one(project):
+    import resource
+
+    before = (project / "tests" / "talk.events.jsonl").read_text()
+    roles(project, words=tuple(f"word{i:04d}" * 16 for i in range(1000)), tags=("x",) * 1000)  # a recording of ~200 KiB
+
+    def small_files():  # (in the child: no file can grow past 64 KiB: the bundle's do not, the recording does)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.RLIM_INFINITY))
+
+    import signal as signals
+
+    result = subprocess.run(
+        [sys.executable, "-m", "flowc", "test", "--update"],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        timeout=180,
+        preexec_fn=lambda: (signals.signal(signals.SIGXFSZ, signals.SIG_IGN), small_files()),
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "cannot write tests/talk.events.jsonl" in result.stdout and "the old recording is kept" in result.stdout
+    assert (project / "tests" / "talk.events.jsonl").read_text() == before
+    assert not [p.name for p in (project / "tests").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_done_event_of_the_wrong_shape_is_a_bad_recording_not_a_crash(project):
+    path = project / "tests" / "talk.events.jsonl"
+    lines = path.read_text().splitlines()
+    lines[-1] = '{"event": "done", "status": "ok", "errors": 5, "missing": []}'
+    path.write_text("\n".join(lines) + "\n")
+    result = flowc("test", cwd=project)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"tests/talk.events.jsonl:{len(lines)}: a done event's `errors` is a list, not 5" in result.stdout
+    assert "internal error" not in result.stderr
+    assert flowc("test", "--update", cwd=project).returncode == 0
+
+
+def test_junit_holds_what_a_role_printed_in_colour_as_valid_xml(project):
+    roles(project, failure="\x1b[31mCUDA driver missing\x1b[0m \x01")
+    result = flowc("test", "--error-messages", "--junit", "report.xml", cwd=project)
+    assert result.returncode == 1
+    report = (project / "report.xml").read_text()
+    SCHEMA.validate(report)  # (a control character would not even parse)
+    assert "\\x1b[31mCUDA driver missing" in report
+
+
+HANGING = """
+import asyncio
+
+
+class Speaker:
+    async def setup(self, ctx):
+        await asyncio.Event().wait()  # never returns
+
+    async def talk(self, ctx, request):
+        yield {"word": "w", "tag": "t"}
+
+
+class Counter:
+    async def count(self, ctx, request):
+        print("a role's own print")
+        return {"total": {"count": 1, "of": request["what"]}}
+"""
+
+
+def test_a_setup_that_never_returns_is_an_error_after_the_start_timeout(project):
+    (project / "probe_roles.py").write_text(HANGING)
+    result = flowc("test", "--start-timeout", "2", cwd=project)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "did not start within 2s: a role's setup() does not return" in result.stdout
+
+
+def test_what_roles_print_goes_to_stderr_not_into_the_report(project):
+    (project / "probe_roles.py").write_text(HANGING.replace("await asyncio.Event().wait()  # never returns", "pass"))
+    result = flowc("test", cwd=project)
+    assert "a role's own print" not in result.stdout and "a role's own print" in result.stderr

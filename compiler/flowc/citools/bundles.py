@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,9 @@ class Staleness:
         return ", ".join(p for p in parts if p)
 
 
+MAX_EXTRA_BYTES = 1 << 20  # a file this much larger than the bundle's is not read (it differs; /dev/zero never ends)
+
+
 def compare(bundle: Bundle, out: Path) -> Staleness:
     """How the files under `out` differ from `bundle`; Unreadable when they cannot be read."""
     found = _files(out)
@@ -59,9 +63,19 @@ def compare(bundle: Bundle, out: Path) -> Staleness:
             result.missing.append(relative)
             continue
         try:
-            data = path.read_bytes()
+            status = path.stat()  # (a dangling link: cannot be read, below)
+            if not stat.S_ISREG(status.st_mode) or status.st_size > len(text.encode("utf-8")) + MAX_EXTRA_BYTES:
+                # a FIFO or a device would hang or never end; a file far larger than the bundle's differs anyway
+                data = None
+            else:
+                data = path.read_bytes()
         except OSError as error:
             raise Unreadable(f"cannot read {path}: {error.strerror or error}") from None
+        if data is None:
+            result.differing[relative] = (
+                f"{(out / relative).as_posix()} is not the bundle's file (not a regular file, or far larger)\n"
+            )
+            continue
         if data != text.encode("utf-8"):
             old = data.decode("utf-8", errors="replace")
             shown = (out / relative).as_posix()
@@ -76,9 +90,13 @@ def compare(bundle: Bundle, out: Path) -> Staleness:
 
 def _files(out: Path) -> dict[str, Path]:
     """Every file under `out` by its path in the bundle (posix), Python's caches left out."""
-    if not out.exists():
+    try:
+        exists, is_dir = out.exists(), out.is_dir()
+    except OSError as error:
+        raise Unreadable(f"cannot read {out}: {error.strerror or error}") from None
+    if not exists:
         return {}
-    if not out.is_dir():
+    if not is_dir:
         raise Unreadable(f"{out} is not a directory; pass the bundle's directory with -o")
     found: dict[str, Path] = {}
     problems: list[OSError] = []
@@ -129,9 +147,10 @@ def report(staleness: Staleness, out: Path, source: str, echo, options: str = ""
         echo(f"not part of the bundle: {(out / relative).as_posix()}")
     for hint in staleness.hints:
         echo(f"hint: {hint}", err=True)
+    remove = " (and remove the files that are not part of it: a rebuild leaves them)" if staleness.extra else ""
     echo(
         f"flowc: the bundle in {out} is stale ({staleness.summary()}); "
-        f"rebuild it with `flowc build {source} -o {out}{options}` and commit the result",
+        f"rebuild it with `flowc build {source} -o {out}{options}`{remove} and commit the result",
         err=True,
     )
     return False

@@ -51,39 +51,51 @@ def discover(paths: list[str]) -> list[Case]:
     """The cases the paths name, each once, sorted by name; NoCases for a path that names none."""
     found: dict[Path, Case] = {}
     for given in paths:
-        path = Path(given)
-        if not path.exists():
-            raise NoCases(f"no such file or directory: {given}")
-        if path.is_dir():
-            inputs = list(_inputs_under(path))
-            if not inputs:
-                raise NoCases(
-                    f"no golden cases under {given}: add tests/GRAPH.input.json beside a pipeline "
-                    "and record it with `flowc test --update` (docs/ci.md)"
-                )
-            cases = [_case(p) for p in inputs]
-        elif path.name.endswith(INPUT_SUFFIX):
-            if path.absolute().parent.name != CASES_DIR:
-                raise NoCases(f"{given}: a case lives in a `{CASES_DIR}/` directory beside its pipeline; move it there")
-            cases = [_case(path)]
-        elif path.suffix == ".flow":
-            cases = _cases_of_pipeline(path)
-            if not cases:
-                raise NoCases(
-                    f"{given} has no golden cases: add {(path.parent / CASES_DIR).as_posix()}/GRAPH.input.json "
-                    "and record it with `flowc test --update` (docs/ci.md)"
-                )
-        else:
-            raise NoCases(f"{given} is neither a directory, a .flow file nor a case (NAME{INPUT_SUFFIX})")
+        try:
+            cases = _cases_of(given)
+        except OSError as error:  # (a directory this user may not enter, say)
+            raise NoCases(f"cannot read {error.filename or given}: {error.strerror or error}") from None
         for case in cases:
             found.setdefault(case.input.resolve(), case)
     return sorted(found.values(), key=lambda c: c.name)
 
 
+def _cases_of(given: str) -> list[Case]:
+    path = Path(given)
+    if not path.exists():
+        raise NoCases(f"no such file or directory: {given}")
+    if path.is_dir():
+        inputs = list(_inputs_under(path))
+        if not inputs:
+            raise NoCases(
+                f"no golden cases under {given}: add tests/GRAPH.input.json beside a pipeline "
+                "and record it with `flowc test --update` (docs/ci.md)"
+            )
+        cases = [_case(p) for p in inputs]
+    elif path.name.endswith(INPUT_SUFFIX):
+        if path.absolute().parent.name != CASES_DIR:
+            raise NoCases(f"{given}: a case lives in a `{CASES_DIR}/` directory beside its pipeline; move it there")
+        cases = [_case(path)]
+    elif path.suffix == ".flow":
+        cases = _cases_of_pipeline(path)
+        if not cases:
+            raise NoCases(
+                f"{given} has no golden cases: add {(path.parent / CASES_DIR).as_posix()}/GRAPH.input.json "
+                "and record it with `flowc test --update` (docs/ci.md)"
+            )
+    else:
+        raise NoCases(f"{given} is neither a directory, a .flow file nor a case (NAME{INPUT_SUFFIX})")
+    return cases
+
+
+def _raise(error: OSError) -> None:
+    raise error  # (os.walk passes over a directory it cannot read; a case there would be missed silently)
+
+
 def _inputs_under(root: Path):
-    for directory, subdirectories, names in os.walk(root):
+    for directory, subdirectories, names in os.walk(root, onerror=_raise):
         subdirectories[:] = sorted(d for d in subdirectories if not d.startswith(".") and d not in SKIPPED_DIRS)
-        if Path(directory).name == CASES_DIR:
+        if Path(directory).absolute().name == CASES_DIR:
             yield from (Path(directory, n) for n in sorted(names) if n.endswith(INPUT_SUFFIX))
 
 
@@ -92,19 +104,24 @@ def _cases_of_pipeline(pipeline: Path) -> list[Case]:
     if not folder.is_dir():
         return []
     cases = [_case(p) for p in sorted(folder.glob(f"*{INPUT_SUFFIX}"))]
-    return [c for c in cases if c.pipeline is not None and c.pipeline.resolve() == pipeline.resolve()]
+    # its own cases, and those that name no graph of any pipeline there (reported, not dropped)
+    return [c for c in cases if c.pipeline is None or c.pipeline.resolve() == pipeline.resolve()]
 
 
 def _case(input_path: Path) -> Case:
     name = input_path.as_posix()[: -len(INPUT_SUFFIX)]
     graph = input_path.name[: -len(INPUT_SUFFIX)].split(".")[0]
-    home = input_path.parent.parent
+    home = Path(os.path.relpath(input_path.absolute().parent.parent))  # (right from inside tests/ too)
     candidates = sorted(home.glob("*.flow"))
-    declaring = [p for p in candidates if graph in _graphs(p, default=(graph,))]
+    declared = {p: _graphs(p) for p in candidates}  # None: it does not parse
+    declaring = [p for p, graphs in declared.items() if graphs is not None and graph in graphs]
+    if not declaring:  # a broken pipeline is still the one its cases run (its check says why), if it is the only one
+        broken = [p for p, graphs in declared.items() if graphs is None]
+        declaring = broken if len(broken) == 1 else declaring
     if len(declaring) == 1:
         return Case(name, input_path, declaring[0], graph)
     if not declaring:
-        there = "; ".join(f"{p.name} has {', '.join(sorted(_graphs(p))) or 'no graph'}" for p in candidates)
+        there = "; ".join(f"{p.name} has {', '.join(sorted(declared[p] or ())) or 'no graph'}" for p in candidates)
         problem = (
             f"no .flow file in {home.as_posix()} declares graph `{graph}`"
             + (f" ({there})" if there else "")
@@ -118,13 +135,12 @@ def _case(input_path: Path) -> Case:
     return Case(name, input_path, None, graph, problem)
 
 
-def _graphs(pipeline: Path, default: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The graphs a `.flow` file declares; `default` when it cannot be read or parsed (so a
-    broken pipeline is still the one its cases run, and its check reports why)."""
+def _graphs(pipeline: Path) -> tuple[str, ...] | None:
+    """The graphs a `.flow` file declares; None when it cannot be read or parsed."""
     try:
         module = parse(read_source(pipeline).text, str(pipeline)).module
     except (OSError, UnicodeDecodeError):
-        return default
+        return None
     if module is None:
-        return default
+        return None
     return tuple(d.name.text for d in module.decls if isinstance(d, ast.Graph))

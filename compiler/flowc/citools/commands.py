@@ -38,6 +38,13 @@ _TAGS = {"passed": "PASS", "failed": "FAIL", "error": "ERROR", "recorded": "RECO
     metavar="SECONDS",
     help="Cancel a case's call after this long [default: the graph's own timeout, else 60].",
 )
+@click.option(
+    "--start-timeout",
+    metavar="SECONDS",
+    default="120",
+    show_default=True,
+    help="A case whose deployment has not started by then (a setup() that never returns) is an error.",
+)
 @click.option("--error-messages", is_flag=True, help="Compare errors' messages too, not only their role and interface.")
 @click.option("--debug", "run_debug", is_flag=True, help="Log debug records and full tracebacks of role errors.")
 @click.pass_context
@@ -48,6 +55,7 @@ def golden_test(
     deploy: str,
     junit_file: str | None,
     timeout: str | None,
+    start_timeout: str,
     error_messages: bool,
     run_debug: bool,
 ) -> None:
@@ -70,19 +78,29 @@ def golden_test(
     from flowc.citools import cases, golden
 
     seconds = running.timeout_option("--timeout", timeout)
+    start_seconds = running.timeout_option("--start-timeout", start_timeout)
+    if junit_file == "":
+        raise click.BadParameter("give a file name, for example --junit report.xml", param_hint="--junit")
     placement = running.placement(deploy, None, None)
     try:
         found = cases.discover(list(paths) or ["."])
     except cases.NoCases as error:
         click.echo(f"flowc: {error}", err=True)
         sys.exit(EXIT_USAGE)
-    settings = golden.Options(update, placement, seconds, error_messages, run_debug or bool(ctx.find_root().params.get("debug")))
-    outcomes = golden.run_cases(found, settings)
+    settings = golden.Options(
+        update, placement, seconds, error_messages, run_debug or bool(ctx.find_root().params.get("debug")), start_seconds
+    )
+    try:
+        outcomes = golden.run_cases(found, settings)
+    except KeyboardInterrupt:
+        click.echo("flowc: interrupted; no case after the one running was run", err=True)
+        sys.exit(130)
     for outcome in outcomes:
         tag = _TAGS[outcome.verdict]
         click.echo(f"{tag:<8} {outcome.case.name}")
         if outcome.detail and outcome.verdict != "passed":
-            click.echo("".join(f"    {line}\n" for line in outcome.detail.splitlines()), nl=False)
+            detail = outcome.detail.encode("utf-8", "backslashreplace").decode("utf-8")  # (a lone surrogate prints escaped)
+            click.echo("".join(f"    {line}\n" for line in detail.splitlines()), nl=False)
     counts = {verdict: sum(o.verdict == verdict for o in outcomes) for verdict in _TAGS}
     shown = ", ".join(
         f"{n} {'errors' if verdict == 'error' and n != 1 else verdict}"

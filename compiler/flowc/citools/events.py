@@ -47,6 +47,13 @@ def parse(text: str, source: str) -> list[dict]:
             raise BadRecording(f"{source}:{number}: not JSON ({error}); re-record it with `flowc test --update`") from None
         if not isinstance(event, dict):
             raise BadRecording(f"{source}:{number}: an event is a JSON object; re-record it with `flowc test --update`")
+        if event.get("event") == "done":
+            for key, kind in (("errors", list), ("missing", list), ("status", str)):
+                if key in event and not isinstance(event[key], kind):
+                    raise BadRecording(
+                        f"{source}:{number}: a done event's `{key}` is a {kind.__name__}, not {json.dumps(event[key])}; "
+                        "re-record it with `flowc test --update`"
+                    )
         events.append(event)
     return events
 

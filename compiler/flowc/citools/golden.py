@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -30,6 +31,7 @@ from flowc.citools.cases import Case
 from flowc.diagnostics import Severity, render_text
 
 PASSED, FAILED, ERROR, RECORDED, UPDATED = "passed", "failed", "error", "recorded", "updated"
+OPEN_TIMEOUT_S = 120.0  # seconds a case's deployment has to start (the local supervisor's own bound too)
 DEFAULT_TIMEOUT_S = 60.0  # a case of a graph without a timeout of its own: a hung role must not hang CI
 
 
@@ -40,6 +42,7 @@ class Options:
     timeout: float | None = None  # None: the graph's own timeout, else DEFAULT_TIMEOUT_S
     messages: bool = False  # compare the errors' messages too
     debug: bool = False
+    start_timeout: float = OPEN_TIMEOUT_S  # seconds a case's deployment has to start
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,10 @@ class Outcome:
 
 
 def run_cases(cases: list[Case], options: Options) -> list[Outcome]:
-    """Every case's outcome, in the order of `cases`."""
-    return asyncio.run(_run_all(cases, options))
+    """Every case's outcome, in the order of `cases`. What roles print (under inproc they run
+    in this process) goes to stderr: stdout is the report."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return asyncio.run(_run_all(cases, options))
 
 
 async def _run_all(cases: list[Case], options: Options) -> list[Outcome]:
@@ -95,13 +100,17 @@ async def _run_pipeline(pipeline: Path, cases: list[Case], options: Options) -> 
         return outcomes
     with tempfile.TemporaryDirectory(prefix="flowc-test-") as scratch, _own_imports(pipeline):
         bundle_dir = Path(scratch) / "flowc-test-bundle"
-        build_bundle(result.program, pipeline, bundle_dir).write(bundle_dir)
+        try:
+            build_bundle(result.program, pipeline, bundle_dir).write(bundle_dir)
+        except OSError as error:
+            reason = f"cannot build {pipeline.as_posix()} in {scratch}: {error.strerror or error}; free the disk (or set TMPDIR)"
+            return outcomes + [Outcome(c, ERROR, reason, code=2) for c, _ in ready]
         for case, inputs in ready:  # each on a deployment of its own: no case sees what another left in a role
             graph = plan.graphs[case.graph]
             ordered = {o.field: o.ordered for o in graph.outputs if o.kind == "stream"}
             timeout = options.timeout or graph.timeout_s or DEFAULT_TIMEOUT_S
             try:
-                async with running.deployed(bundle_dir, options.placement, options.debug) as runtime:
+                async with running.deployed(bundle_dir, options.placement, options.debug, options.start_timeout) as runtime:
                     started = time.perf_counter()
                     try:
                         observed = await running.call_events(runtime, case.graph, inputs, timeout)
@@ -166,12 +175,30 @@ def _judge(case: Case, observed: list[dict], ordered: dict[str, bool], options: 
             1,
         )
     try:
-        recording.write_text(events.dump(observed), encoding="utf-8")
+        data = events.dump(observed).encode("utf-8")
+    except UnicodeEncodeError as error:
+        reason = f"the events hold text that is not valid Unicode ({error.reason}: {error.object[error.start : error.end]!r})"
+        return Outcome(case, ERROR, f"cannot record {shown}: {reason}; fix the role that produced it", seconds, 2)
+    try:
+        _replace(recording, data)
     except OSError as error:
-        return Outcome(case, ERROR, f"cannot write {shown}: {error.strerror or error}", seconds, 2)
+        return Outcome(case, ERROR, f"cannot write {shown}: {error.strerror or error} (the old recording is kept)", seconds, 2)
     if recorded is None:
         return Outcome(case, RECORDED, f"recorded {shown}", seconds)
     return Outcome(case, UPDATED, diff or "", seconds)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: a new file beside it, renamed over it once written (a
+    full disk or a size limit leaves the old recording as it was)."""
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(scratch, "wb") as out:
+            out.write(data)
+        os.replace(scratch, path)
+    finally:
+        with contextlib.suppress(OSError):
+            scratch.unlink()
 
 
 @contextlib.contextmanager

@@ -9,9 +9,19 @@ suites and cases sorted, no timestamp or host name.
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 from flowc.citools.golden import ERROR, FAILED, Outcome
+
+# what XML 1.0 cannot hold at all (control characters but tab, newline and return; lone
+# surrogates; U+FFFE/U+FFFF): shown as \xNN / \uNNNN escapes, so a role's coloured error
+# (ANSI escapes) still makes a report every parser reads
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(text: str) -> str:
+    return _NOT_XML.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _suite_name(outcome: Outcome) -> str:
@@ -34,7 +44,7 @@ def junit_xml(outcomes: list[Outcome]) -> str:
                 suite,
                 "testcase",
                 {
-                    "name": outcome.case.label,
+                    "name": xml_text(outcome.case.label),
                     "classname": classname,
                     "file": outcome.case.input.as_posix(),
                     "time": f"{outcome.seconds:.3f}",
@@ -43,12 +53,13 @@ def junit_xml(outcomes: list[Outcome]) -> str:
             if outcome.verdict == FAILED:
                 first = outcome.detail.splitlines()[0] if outcome.detail else "failed"
                 message = "events differ from the recording" if first.startswith("--- ") else first
-                ET.SubElement(case, "failure", {"message": message, "type": "flowc.events"}).text = outcome.detail
+                failure = ET.SubElement(case, "failure", {"message": xml_text(message), "type": "flowc.events"})
+                failure.text = xml_text(outcome.detail)
             elif outcome.verdict == ERROR:
                 first = outcome.detail.splitlines()[0] if outcome.detail else "error"
-                ET.SubElement(case, "error", {"message": first, "type": "flowc.case"}).text = outcome.detail
+                ET.SubElement(case, "error", {"message": xml_text(first), "type": "flowc.case"}).text = xml_text(outcome.detail)
             elif outcome.detail:
-                ET.SubElement(case, "system-out").text = outcome.detail
+                ET.SubElement(case, "system-out").text = xml_text(outcome.detail)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 

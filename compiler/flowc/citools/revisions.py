@@ -36,7 +36,7 @@ def checked(spec: str) -> Iterator[CheckResult]:
     if not spec.startswith(PREFIX):
         yield _check_file(Path(spec), spec)
         return
-    revision, separator, path = spec[len(PREFIX) :].rpartition(":")
+    revision, separator, path = spec[len(PREFIX) :].partition(":")  # (a git ref cannot hold a colon: a path can)
     if not separator or not revision or not path:
         raise CannotRead(
             f"{spec}: write a revision as git:REV:PATH, for example git:HEAD:pipeline.flow or git:origin/main:pipeline.flow"
