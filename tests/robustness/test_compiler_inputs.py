@@ -292,7 +292,11 @@ CASES = [
         ("build", "p.flow", "-o", "out"),
         0,
         ("wrote out:",),
-        {"p.flow": GOOD, "out/bundle.json": '{"flowc_version": "0.1.0", "files": ["../victim.txt", "/etc/hostname"]}', "victim.txt": "keep me"},
+        {
+            "p.flow": GOOD,
+            "out/bundle.json": '{"flowc_version": "0.1.0", "files": ["../victim.txt", "/etc/hostname"]}',
+            "victim.txt": "keep me",
+        },
         after=victim_kept,
     ),
     Case(
