@@ -10,6 +10,7 @@ reaches the user without `--debug`.
 from __future__ import annotations
 
 import json
+import keyword
 import os
 import sys
 from pathlib import Path
@@ -303,6 +304,13 @@ def build(file: str, out: str | None, targets: tuple[str, ...], vendor: bool, ch
     if out is None and file == "-":
         raise click.UsageError("a pipeline read from stdin has no directory to build beside; pass -o DIR")
     program = _checked_program(file, color)
+    if not program.root.name.isidentifier() or keyword.iskeyword(
+        program.root.name
+    ):  # (from the file's name: a `flow NAME` line is checked)
+        raise click.UsageError(
+            f"{file}: the flow's name comes from the file's name, {program.root.name!r}, which is not a name "
+            "(letters, digits and _, not starting with a digit); add a `flow NAME` line at the top of the file"
+        )
     out_dir = bundles.default_output(Path(file), program.root.name) if out is None else Path(out)
     chosen = TARGETS if "all" in targets else tuple(t for t in TARGETS if t in targets)
     try:

@@ -250,6 +250,13 @@ CASES = [
     ),
     Case("bad --target", ("build", "p.flow", "-o", "out", "--target", "aws"), 2, ("'aws' is not one of",), {"p.flow": GOOD}),
     Case(
+        "build a file whose name is no flow name",
+        ("build", "my pipe-line.flow"),
+        2,
+        ("'my pipe-line', which is not a name", "add a `flow NAME` line"),
+        {"my pipe-line.flow": GOOD.split("\n", 1)[1] if GOOD.startswith("flow ") else GOOD},
+    ),
+    Case(
         "unknown graph to draw",
         ("graph", "p.flow", "--graph", "nope"),
         2,
