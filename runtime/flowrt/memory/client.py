@@ -89,6 +89,7 @@ class MemoryClient:
         self.starts: list[int] = []  # sorted start addresses of live views
         self.views: dict[int, View] = {}
         self.quiet_until = 0.0  # after a request timed out: fail fast until then (the caller's loop keeps running)
+        self.quiet_for = timeout  # how long that request had waited
         self.settled: dict[str, tuple[int, int]] = {}  # kv_pool_barrier groups this process passed: participants, value
         self.request(p.Hello(p.VERSION, 0, int(self.process), kind, name))
 
@@ -99,7 +100,7 @@ class MemoryClient:
         timeout = self.timeout if timeout is None else timeout
         if time.monotonic() < self.quiet_until:
             raise MemoryUnavailable(
-                f"the memory manager at {self.endpoint} did not answer a request within {self.timeout:g}s a moment ago "
+                f"the memory manager at {self.endpoint} did not answer a request within {self.quiet_for:g}s a moment ago "
                 "(it died or is restarting; the deployment's supervisor restarts it)"
             )
         with self.lock:
@@ -114,7 +115,7 @@ class MemoryClient:
                     if remaining <= 0 or not self.socket.poll(int(remaining * 1000) + 1):
                         # one wait per `timeout`, not one per request: a process whose loop sends many
                         # requests stays responsive (its heartbeats go out) while the manager is away
-                        self.quiet_until = time.monotonic() + self.timeout
+                        self.quiet_until, self.quiet_for = time.monotonic() + timeout, timeout
                         raise MemoryUnavailable(
                             f"the memory manager at {self.endpoint} did not answer {type(message).__name__} within "
                             f"{timeout:g}s (it died or is restarting; the deployment's supervisor restarts it)"
