@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import cProfile
 import gc
 import io
 import pstats
+import shutil
 import statistics
 import sys
 import tempfile
@@ -98,6 +100,7 @@ async def flowrt_system():
 
     source = REPO / "examples/image_chat/pipeline.flow"
     out = Path(tempfile.mkdtemp(prefix="flowrt-bench-")) / "bundle"
+    atexit.register(shutil.rmtree, out.parent, True)  # (the runtime reads it until the run ends)
     build_bundle(check_file(source).program, source, out).write(out)
     roles = {
         "frontend": [Frontend(), Frontend()],
