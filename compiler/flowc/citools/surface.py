@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from flowc.check.model import GraphInfo, Program, RoleInfo
 from flowc.codegen import entry_types
+from flowc.fmt.printer import value_text
 from flowc.plan import build_plan
 from flowc.plan.model import RolePlan
 from flowc.spans import Span
@@ -172,21 +173,4 @@ def _inputs_text(info) -> str:
 
 
 def _value_text(values: tuple[ast.Value, ...]) -> str:
-    return ", ".join(_one_value(v) for v in values)
-
-
-def _one_value(value: ast.Value) -> str:
-    match value:
-        case ast.IntValue():
-            return str(value.value)
-        case ast.FloatValue() | ast.DurationValue() | ast.SizeValue():
-            return value.text
-        case ast.StringValue():
-            return repr(value.value)
-        case ast.NameValue():
-            return value.name
-        case ast.ListValue():
-            return "[" + ", ".join(_one_value(v) for v in value.items) + "]"
-        case ast.BlockValue():
-            return "{ " + ", ".join(f"{e.key.text} {_value_text(e.values)}" for e in value.entries) + " }"
-    return "?"
+    return ", ".join(value_text(v) for v in values)

@@ -176,7 +176,7 @@ class Printer:
                 self._setting(item, indent)
 
     def _setting(self, item: ast.Setting, indent: int) -> None:
-        text = f"{item.key.text} {', '.join(self._value(v, inline=True) for v in item.values)}"
+        text = f"{item.key.text} {', '.join(value_text(v) for v in item.values)}"
         if len(INDENT * indent + text) > MAX_WIDTH and len(item.values) == 1 and isinstance(item.values[0], ast.BlockValue):
             self._block(item.key.text, item, item.values[0].entries, indent, self._setting)
             return
@@ -274,26 +274,26 @@ class Printer:
     def _graph_field(self, item: ast.GraphField) -> str:
         return item.name.text + (f": {ast.type_text(item.type)}" if item.type is not None else "")
 
-    # ── values ──
 
-    def _value(self, value: ast.Value, inline: bool) -> str:
-        match value:
-            case ast.IntValue():
-                return str(value.value)
-            case ast.FloatValue() | ast.DurationValue() | ast.SizeValue():
-                return value.text
-            case ast.StringValue():
-                return quote(value.value)
-            case ast.NameValue():
-                return value.name
-            case ast.ListValue():
-                return "[" + ", ".join(self._value(v, inline) for v in value.items) + "]"
-            case ast.BlockValue():
-                if not value.entries:
-                    return "{}"
-                inner = ", ".join(f"{e.key.text} {', '.join(self._value(v, inline) for v in e.values)}" for e in value.entries)
-                return f"{{ {inner} }}"
-        raise TypeError(f"not a value: {value!r}")
+def value_text(value: ast.Value) -> str:
+    """A setting's value as the canonical layout writes it (also what `flowc diff` shows)."""
+    match value:
+        case ast.IntValue():
+            return str(value.value)
+        case ast.FloatValue() | ast.DurationValue() | ast.SizeValue():
+            return value.text
+        case ast.StringValue():
+            return quote(value.value)
+        case ast.NameValue():
+            return value.name
+        case ast.ListValue():
+            return "[" + ", ".join(value_text(v) for v in value.items) + "]"
+        case ast.BlockValue():
+            if not value.entries:
+                return "{}"
+            inner = ", ".join(f"{e.key.text} {', '.join(value_text(v) for v in e.values)}" for e in value.entries)
+            return f"{{ {inner} }}"
+    raise TypeError(f"not a value: {value!r}")
 
 
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
