@@ -4,8 +4,10 @@ EVALSHA of a no-op script, in one run; round trips counted on the wire (each is 
     python bench/kv_meta.py [--url redis://127.0.0.1:6379/0] [--pages 1000] [--repeat 200] [--quick]
 
 The pages are provided by a k node and two v nodes with overlapping ranges (a candidate
-combination of two partial layouts), so the match checks providers and chooses them page by
-page. The bench uses a deployment namespace of its own and deletes its keys after.
+combination of two partial layouts), each publishing where it keeps every page (its slots), so
+the match checks providers, chooses them page by page and answers the chosen providers' slots,
+all in its one round trip. The bench uses a deployment namespace of its own and deletes its
+keys after.
 """
 
 from __future__ import annotations
@@ -65,11 +67,13 @@ def main() -> None:
         store.register_node("C", [v], 600)
         pages = [f"{i:016x}" for i in range(args.pages)]
         half = args.pages // 2
-        store.publish("A", "s", k.layout_id(), pages, 600)
-        store.publish("B", "s", v.layout_id(), pages[: half + 10], 600, start=0)
-        store.publish("C", "s", v.layout_id(), pages[half:], 600, start=half)
+        store.publish("A", "s", k.layout_id(), pages, 600, slots=range(args.pages))
+        store.publish("B", "s", v.layout_id(), pages[: half + 10], 600, start=0, slots=range(half + 10))
+        store.publish("C", "s", v.layout_id(), pages[half:], 600, start=half, slots=range(args.pages - half))
         found = store.match("s", fid, pages)
         assert found.length == args.pages, found
+        located = sum(slot is not None for segment in found.segments for slots in segment.slots for slot in slots)
+        assert located == 2 * args.pages, (located, found.segments)  # a k slot and a v slot per page
         rows = [
             ("no-op EVALSHA", *timed(lambda: store._run("noop"), repeat)),
             (f"prefix match, {args.pages} pages", *timed(lambda: store.match("s", fid, pages), repeat)),
@@ -77,7 +81,10 @@ def main() -> None:
     finally:
         store.forget()
         store.close()
-    print(f"KV metadata on {args.url}: {repeat} calls each; {found.length} pages matched in {found.sources} segments")
+    print(
+        f"KV metadata on {args.url}: {repeat} calls each; {found.length} pages matched in {found.sources} segments, "
+        f"{located} provider slots returned"
+    )
     print()
     print("| call | round trips | p50 µs | p90 µs | mean µs |")
     print("|---|---|---|---|---|")

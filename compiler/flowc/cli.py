@@ -439,6 +439,12 @@ def _prepare_output(out: Path) -> None:
     metavar="MIB",
     help="local/ray: the shared-memory pool for tensors between role processes (docs/memory.md); 0 turns it off [default: 1024].",
 )
+@click.option(
+    "--kv-meta",
+    metavar="URL",
+    help="Where KVCache globals keep their page metadata: `embedded` (each process its own) or redis://HOST:PORT/DB, "
+    "shared by every process of the deployment (docs/kv.md) [default: $FLOWRT_KV_META, else embedded].",
+)
 @click.option("--debug", "run_debug", is_flag=True, help="Log debug records and full tracebacks (as `flowc --debug run`).")
 @_color_option
 @click.pass_context
@@ -457,6 +463,7 @@ def run(
     registry: str | None,
     heartbeat_ttl: str | None,
     pool_mb: str | None,
+    kv_meta: str | None,
     run_debug: bool,
     color: bool | None,
 ) -> None:
@@ -499,6 +506,8 @@ def run(
     cap = running.option_value(options.session_cap, "--max-sessions", max_sessions)
     body_mb = running.option_value(options.size_mib, "--max-body-mb", max_body_mb)
     placement = running.placement(deploy, registry, heartbeat_ttl, pool_mb)
+    if kv_meta is not None:
+        running.use_kv_meta(kv_meta)
     inputs = running.parse_input(input_json) if graph_name is not None else {}
     debug = run_debug or bool(ctx.find_root().params.get("debug"))
     show_log(debug=debug)

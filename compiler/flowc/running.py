@@ -101,6 +101,13 @@ def placement(deploy: str, registry: str | None, heartbeat_ttl: str | None, pool
     )
 
 
+def use_kv_meta(url: str) -> None:
+    """--kv-meta: checked, then handed to every process of the deployment as $FLOWRT_KV_META."""
+    if url != "embedded" and not url.startswith(("redis://", "rediss://")):
+        raise Refused(f"--kv-meta {url!r}: give `embedded` or a Redis URL such as redis://127.0.0.1:6379/0")
+    os.environ["FLOWRT_KV_META"] = url
+
+
 def _checked_pool(pool: float | None) -> float | None:
     """--pool-mb (or $FLOWRT_POOL_MB, when it is not given) against the shared-memory file
     system's free space, before anything starts: a usage error naming the value and the fix.

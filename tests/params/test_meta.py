@@ -198,3 +198,140 @@ def test_a_page_no_live_session_references_may_lose_its_last_copy(store):
     wait_until(lambda: not store.chain(FID, "short"), 5, "session `short` expiring")
     # page 0 expired with its session: nothing to evict; a page of a dead session is not protected
     assert reasons(store.evict("F", FID, PAGES[:1])) == [NOT_PROVIDER]
+
+
+# ── locations (slots) ──
+
+
+def by_layout(providers):
+    return tuple(sorted(providers, key=lambda p: p.layout_id))
+
+
+def test_locations_of_each_provider_come_back_with_the_match(store):
+    store.register_node("A", [K], LONG)
+    store.register_node("B", [V], LONG)
+    store.publish("A", "s", KID, PAGES[:4], LONG, slots=[10, 11, 12, 13])
+    store.publish("B", "s", VID, PAGES[:4], LONG, start=0, slots=range(40, 44))
+    found = store.match("s", FID, PAGES[:4])
+    assert found.length == 4 and len(found.segments) == 1
+    (segment,) = found.segments
+    expected = {Provider("A", KID): (10, 11, 12, 13), Provider("B", VID): (40, 41, 42, 43)}
+    assert dict(zip(segment.providers, segment.slots, strict=True)) == expected
+    assert dict(zip(found.providers(2), found.slots(2), strict=True)) == {Provider("A", KID): 12, Provider("B", VID): 42}
+    assert segment.slot(segment.providers.index(Provider("B", VID)), 3) == 43
+    assert store.locate("A", KID, PAGES[:5]) == [10, 11, 12, 13, None]  # page 4: never published
+    assert store.locate("B", VID, PAGES[3:4]) == [43]
+    assert store.locate("A", KID, []) == []
+
+
+def test_each_segment_carries_the_slots_of_its_own_providers(store):
+    store.register_node("A", [K], LONG)
+    store.register_node("B", [V], LONG)
+    store.register_node("F", [FULL], LONG)
+    store.publish("A", "s", KID, PAGES, LONG, slots=range(100, 108))
+    store.publish("B", "s", VID, PAGES, LONG, start=0, slots=range(200, 208))
+    store.publish("F", "s", FID, PAGES[:3], LONG, start=0, slots=[7, 5, 3])  # a full replica of the first pages
+    found = store.match("s", FID, PAGES)
+    assert [(s.start, s.stop) for s in found.segments] == [(0, 3), (3, 8)]
+    assert found.segments[0].providers == (Provider("F", FID),) and found.segments[0].slots == ((7, 5, 3),)
+    second = found.segments[1]
+    assert by_layout(second.providers) == by_layout((Provider("A", KID), Provider("B", VID)))
+    slots = dict(zip(second.providers, second.slots, strict=True))
+    assert slots == {Provider("A", KID): tuple(range(103, 108)), Provider("B", VID): tuple(range(203, 208))}
+
+
+def test_a_republish_replaces_the_location_and_none_records_none(store):
+    store.register_node("A", [K], LONG)
+    store.register_node("B", [V], LONG)
+    store.publish("A", "s", KID, PAGES[:3], LONG, slots=[1, 2, 3])
+    store.publish("B", "s", VID, PAGES[:3], LONG, start=0)  # B records no location
+    found = store.match("s", FID, PAGES[:3])
+    slots = dict(zip(found.segments[0].providers, found.segments[0].slots, strict=True))
+    assert slots == {Provider("A", KID): (1, 2, 3), Provider("B", VID): (None, None, None)}
+    store.publish("A", "s", KID, PAGES[1:2], LONG, start=1, slots=[9])  # page 1 moved to slot 9
+    store.publish("B", "s", VID, PAGES[2:3], LONG, start=2, slots=[0])  # slot 0 is a slot
+    assert store.locate("A", KID, PAGES[:3]) == [1, 9, 3]
+    assert store.locate("B", VID, PAGES[:3]) == [None, None, 0]
+    found = store.match("s", FID, PAGES[:3])
+    assert dict(zip(found.providers(1), found.slots(1), strict=True)) == {Provider("A", KID): 9, Provider("B", VID): None}
+    assert dict(zip(found.providers(2), found.slots(2), strict=True)) == {Provider("A", KID): 3, Provider("B", VID): 0}
+    store.publish("A", "s", KID, PAGES[:1], LONG, start=0)  # published again without a location: forgotten
+    assert store.locate("A", KID, PAGES[:3]) == [None, 9, 3]
+
+
+def test_eviction_takes_the_providers_location_with_it(store):
+    for node in ("F", "G"):
+        store.register_node(node, [FULL], LONG)
+    store.publish("F", "s", FID, PAGES[:2], LONG, slots=[3, 4])
+    store.publish("G", "s", FID, PAGES[:2], LONG, start=0, slots=[30, 40])
+    assert reasons(store.evict("F", FID, PAGES[:1])) == [EVICTED]
+    assert store.locate("F", FID, PAGES[:2]) == [None, 4]
+    assert store.locate("G", FID, PAGES[:2]) == [30, 40]
+    found = store.match("s", FID, PAGES[:2])
+    assert found.providers(0) == (Provider("G", FID),) and found.slots(0) == (30,)
+    store.publish("F", "s", FID, PAGES[:1], LONG, start=0)  # provides it again, no location: none comes back
+    assert store.locate("F", FID, PAGES[:1]) == [None]
+    assert reasons(store.evict("F", FID, PAGES[:2])) == [EVICTED, EVICTED]
+    assert reasons(store.evict("G", FID, PAGES[:2], drop=True)) == [EVICTED, EVICTED]
+    assert store.locate("G", FID, PAGES[:2]) == [None, None]
+    store.register_node("H", [FULL], LONG)
+    store.publish("H", "t", FID, PAGES[:1], LONG)  # the page again, from someone else
+    assert store.locate("G", FID, PAGES[:1]) == [None]
+
+
+def test_a_departed_or_lapsed_node_has_no_locations(store):
+    store.register_node("F", [FULL], LONG)
+    store.register_node("G", [FULL], 0.3)
+    store.publish("F", "s", FID, PAGES[:2], LONG, slots=[0, 1])
+    store.publish("G", "s", FID, PAGES[:2], LONG, start=0, slots=[5, 6])
+    assert store.locate("G", FID, PAGES[:2]) == [5, 6]
+    wait_until(lambda: not store.node_alive("G"), 5, "node G lapsing")
+    assert store.locate("G", FID, PAGES[:2]) == [None, None]
+    found = store.match("s", FID, PAGES[:2])
+    assert found.segments[0].providers == (Provider("F", FID),) and found.segments[0].slots == ((0, 1),)
+    store.unregister_node("F")
+    assert store.locate("F", FID, PAGES[:2]) == [None, None]
+    assert store.match("s", FID, PAGES[:2]).length == 0
+    assert store.locate("nobody", FID, PAGES[:1]) == [None]
+    with pytest.raises(MetaError, match="layout 0000000000000000 was never registered by a node"):
+        store.locate("F", "0" * 16, PAGES[:1])
+
+
+def test_a_location_lives_as_long_as_its_page(store):
+    store.register_node("F", [FULL], LONG)
+    store.register_node("G", [FULL], LONG)
+    store.publish("F", "s", FID, PAGES[:1], LONG)
+    store.publish("G", "s", FID, PAGES[:2], 0.3, start=0, slots=[8, 9])  # page 0 lives LONG (F), page 1 0.3 s
+    wait_until(lambda: store.locate("G", FID, PAGES[1:2]) == [None], 5, "page 1 expiring")
+    assert store.locate("G", FID, PAGES[:1]) == [8]  # page 0 is still live, with G's location
+
+
+@pytest.mark.parametrize(
+    ("slots", "message"),
+    [
+        ([1], r"publish got 2 pages but 1 slots: give one slot per page \(or slots=None\)"),
+        ([1, 2, 3], "publish got 2 pages but 3 slots"),
+        ([0, -1], f"the slot of page {PAGES[1]} must be an int >= 0, not -1"),
+        ([True, 1], f"the slot of page {PAGES[0]} must be an int >= 0, not True"),
+        ([0, 1.0], f"the slot of page {PAGES[1]} must be an int >= 0, not 1.0"),
+        ([0, "1"], f"the slot of page {PAGES[1]} must be an int >= 0, not '1'"),
+        ([0, None], f"the slot of page {PAGES[1]} must be an int >= 0, not None"),
+        ("01", "slots must be a sequence of ints .* or None, not '01'"),
+        (5, "slots must be a sequence of ints .* or None, not 5"),
+    ],
+)
+def test_bad_slots_are_refused_and_nothing_is_published(store, slots, message):
+    store.register_node("F", [FULL], LONG)
+    with pytest.raises(MetaError, match=message):
+        store.publish("F", "s", FID, PAGES[:2], LONG, slots=slots)
+    assert store.chain(FID, "s") == [] and store.locate("F", FID, PAGES[:2]) == [None, None]
+
+
+def test_numpy_integers_are_slots(store):
+    np = pytest.importorskip("numpy")
+    store.register_node("F", [FULL], LONG)
+    store.publish("F", "s", FID, PAGES[:3], LONG, slots=np.arange(3, 6, dtype=np.int64))
+    assert store.locate("F", FID, PAGES[:3]) == [3, 4, 5]
+    assert all(type(slot) is int for slot in store.match("s", FID, PAGES[:3]).segments[0].slots[0])
+    with pytest.raises(MetaError, match="must be an int >= 0, not "):
+        store.publish("F", "s", FID, PAGES[:1], LONG, slots=np.array([True]))

@@ -51,6 +51,16 @@ class Context:
         self.replica = replica
         self.memory = memory
 
+    def kv(self, name: str = "kv") -> Any:
+        """This session's handle on the KV pool of global `name` (flowrt.params.session.KVSession):
+        the role must `uses` it, and the deployment gives pools where torch is installed."""
+        if name not in self.globals:
+            raise LookupError(f"role `{self.role}` does not use global `{name}`: add `uses {name}` to the role in the .flow file")
+        params = getattr(self.memory, "params", None)
+        if params is None:
+            raise RuntimeError(f"ctx.kv({name!r}): this process has no KV pools; they need the torch extra (pip install 'flowc[torch]')")
+        return params.session(name, self.session, f"{self.session}/{self.call_id}/{self.role}.{self.interface}#{self.replica}")
+
     def __repr__(self) -> str:
         return f"Context(role={self.role!r}, interface={self.interface!r}, session={self.session!r}, call_id={self.call_id})"
 

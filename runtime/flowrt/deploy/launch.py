@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from flowrt.bundle import load_bundle
 from flowrt.control import Runtime
+from flowrt.deploy import kvpools
 from flowrt.deploy.local import DeployError, LocalSupervisor
 from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 from flowrt.registry import DEFAULT_HEARTBEAT_TTL, RegistryError, parse_registry
@@ -40,15 +42,17 @@ def parse_deploy(text: str) -> tuple[str, str | None]:
 
 
 class Deployment:
-    def __init__(self, kind: str, runtime: Runtime, supervisor: Any = None):
+    def __init__(self, kind: str, runtime: Runtime, supervisor: Any = None, memory: Any = None):
         self.kind = kind
         self.runtime = runtime
         self.supervisor = supervisor
+        self.memory = memory  # the inproc runtime's ctx.memory (its KV pools are closed with it)
 
     async def close(self) -> None:
         try:
             await self.runtime.close()
         finally:
+            kvpools.detach(self.memory)
             if self.supervisor is not None:
                 await self.supervisor.close()
 
@@ -61,6 +65,9 @@ class Deployment:
             stats["processes"] = await self.supervisor.remote.probe()
             if self.supervisor.memory is not None:
                 stats["memory"] = self.memory_statistics()
+        pools = getattr(self.memory, "params", None)
+        if pools is not None and pools.pools:  # inproc: this process's KV pools (docs/kv.md)
+            stats["kv"] = pools.statistics()
         return stats
 
     def memory_statistics(self) -> dict[str, Any]:
@@ -106,8 +113,10 @@ async def open_deployment(
             raise DeployError("--registry is for --deploy local or ray (an inproc runtime has no replicas to register)")
         from flowrt.memory.api import InprocMemory
 
-        runtime = await Runtime.open(path, session_ttl=session_ttl, max_sessions=max_sessions, clock=clock, memory=InprocMemory())
-        return Deployment(kind, runtime)
+        memory = InprocMemory()
+        runtime = await Runtime.open(path, session_ttl=session_ttl, max_sessions=max_sessions, clock=clock, memory=memory)
+        kvpools.attach(memory, runtime.bundle.plan, f"{runtime.bundle.name}-{uuid.uuid4().hex[:12]}")
+        return Deployment(kind, runtime, memory=memory)
     bundle = load_bundle(Path(path))
     if kind == "ray":
         from flowrt.deploy.ray import RaySupervisor

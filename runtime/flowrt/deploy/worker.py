@@ -24,6 +24,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -38,6 +39,7 @@ from flowrt.control import impls
 from flowrt.control.contract import checked_frame, failure, second_frame, waiting_place
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context
+from flowrt.deploy import kvpools
 from flowrt.errors import FlowrtError
 from flowrt.memory.client import REQUEST_TIMEOUT, MemoryClient, MemoryError_
 from flowrt.registry import RegistryError, open_client
@@ -133,6 +135,7 @@ class Replica:
 
     async def open(self) -> None:
         self.open_memory()
+        kvpools.attach(self.memory, self.bundle.plan, self.config["deployment"], f"{socket.gethostname()}:{os.getpid()}")
         cls = impls.import_impl(self.spec, self.python_path, self.bundle.path)
         self.instance = impls.construct(self.spec, cls, self.python_path, count=1)[0]
         impls.check_instance(self.spec, self.instance)
@@ -192,6 +195,7 @@ class Replica:
                     log.warning("replica %d of role `%s`: a heartbeat failed", self.index, self.role_name, exc_info=True)
                 if self.decoder is not None:  # (a memory manager restarted since learns the barrier sizes agreed)
                     self.memory.client.resettle()
+                kvpools.keep_alive(self.memory)
                 if parent and os.getppid() != parent:
                     log.warning("replica %d of role `%s`: its supervisor is gone; stopping", self.index, self.role_name)
                     self.stopping.set()
@@ -209,6 +213,7 @@ class Replica:
         for task in list(self.tasks.values()):
             task.cancel()
         await asyncio.gather(beats, *self.tasks.values(), return_exceptions=True)
+        kvpools.detach(self.memory)
         self.reader.close()
         self.plain.destroy(linger=0)
         self.context.destroy(linger=0)

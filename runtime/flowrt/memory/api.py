@@ -149,14 +149,15 @@ def checked_propose(propose: Any) -> Any:
 
 
 class ProcessMemory:
-    def __init__(self, client: MemoryClient, call: str = ""):
+    def __init__(self, client: MemoryClient, call: str = "", params: Any = None):
         self.client = client
         self.call = call  # "" in setup: the process holds what it takes
         self.taken: list[Any] = []  # an activation's refs: what frees each, run once when it ends (`release`)
+        self.params = params  # the process's KV pools (flowrt.params.session.KVPools), for ctx.kv
 
     def for_call(self, call: str) -> ProcessMemory:
         """The `ctx.memory` of one activation of call `call`."""
-        return ProcessMemory(self.client, call)
+        return ProcessMemory(self.client, call, self.params)
 
     def release(self) -> None:
         """The activation ended: drop its refs (the frames it sent hold their own)."""
@@ -272,6 +273,7 @@ class InprocMemory:
     CACHE_ENTRIES = 1024
 
     def __init__(self) -> None:
+        self.params: Any = None  # the process's KV pools (flowrt.params.session.KVPools), for ctx.kv
         self.cached: OrderedDict[str, Any] = OrderedDict()
         self.models: dict[str, Any] = {}
         self.hits = 0

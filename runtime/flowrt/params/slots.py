@@ -31,82 +31,31 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from enum import Enum
 
-from flowrt.errors import FlowrtError
 from flowrt.params.lru import FrequencyLRU
 from flowrt.params.sketch import FrequencySketch
 from flowrt.params.slots_runs import FreeRuns
+from flowrt.params.slots_types import (
+    PageLoadAbandoned,
+    SlotCounters,
+    SlotError,
+    SlotsExhausted,
+    SlotTrackers,
+    Tracker,
+    WriteTarget,
+    _InFlight,
+)
 
-
-class SlotError(FlowrtError):
-    """A slot engine operation that cannot be done as asked (a missing page, a busy one)."""
-
-
-class SlotsExhausted(SlotError):
-    """A tier has not enough free or evictable slots for an allocation."""
-
-
-class Tracker(Enum):
-    """The four kinds of hold on a slot (the names of `SlotTrackers`' sets)."""
-
-    ACTIVE = "active_requests"
-    WRITE = "write_tasks"
-    EVICT = "eviction_tasks"
-    READBACK = "readback_tasks"
-
-
-@dataclass
-class SlotTrackers:
-    """Who holds one slot, by kind; a slot is idle when all four sets are empty."""
-
-    active_requests: set[str] = field(default_factory=set)
-    write_tasks: set[str] = field(default_factory=set)
-    eviction_tasks: set[str] = field(default_factory=set)
-    readback_tasks: set[str] = field(default_factory=set)
-
-    def of(self, kind: Tracker) -> set[str]:
-        return getattr(self, kind.value)
-
-    def idle(self) -> bool:
-        return not (self.active_requests or self.write_tasks or self.eviction_tasks or self.readback_tasks)
-
-    def holds(self, owner: str) -> bool:
-        return any(owner in self.of(kind) for kind in Tracker)
-
-
-@dataclass
-class SlotCounters:
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    dedup_joins: int = 0
-    copies_on_write: int = 0
-    loads_failed: int = 0
-
-
-class PageLoadAbandoned(SlotError):
-    """The request that was loading a page was cancelled before the load finished."""
-
-
-@dataclass(frozen=True)
-class WriteTarget:
-    """Where a write goes: page `key` in `slot`. With `copy_from` set (copy-on-write), the caller
-    first copies that slot's data into `slot`; None means the page is written in place."""
-
-    key: str
-    slot: int
-    copy_from: int | None = None
-
-
-@dataclass
-class _InFlight:
-    """One load in progress: its outcome, and the requesters that joined it (each gets an active
-    hold the moment the page is ready, so none of them can lose it before it resumes)."""
-
-    outcome: asyncio.Future
-    joined: set[str] = field(default_factory=set)
+__all__ = [
+    "PageLoadAbandoned",
+    "SlotCounters",
+    "SlotEngine",
+    "SlotError",
+    "SlotTrackers",
+    "SlotsExhausted",
+    "Tracker",
+    "WriteTarget",
+]
 
 
 class SlotEngine:
@@ -357,6 +306,71 @@ class SlotEngine:
             if outcome.done() and not outcome.cancelled() and outcome.exception() is None:
                 self.release([key], owner)  # it was ready and held for us: give the hold back
             raise
+
+    async def fetch_many(
+        self, keys: Sequence[str], load_many: Callable[[list[str], list[int]], Awaitable[object]], owner: str
+    ) -> list[int]:
+        """`fetch` for several pages at once: the slots of `keys`, all held as active request
+        `owner`. The misses nobody is loading are given slots together (one run when one is
+        free) and filled by ONE `await load_many(missed_keys, their_slots)`, so a transfer of n
+        pages is a few segment copies; pages another request is loading are joined, as `fetch`
+        joins them. On any failure nothing stays held for `owner` and the error is raised."""
+        keys = list(keys)
+        if len(set(keys)) != len(keys):
+            raise SlotError(f"tier `{self.name}`: fetch_many() got the same page twice")
+        joins: list[tuple[str, _InFlight]] = []
+        missed: list[str] = []
+        for key in keys:
+            self.sketch.increment(key)
+            slot = self._slot_of.get(key)
+            in_flight = self._in_flight.get(key)
+            if slot is not None and in_flight is None:
+                self.counters.hits += 1
+                self._hold(slot, Tracker.ACTIVE, owner)
+            elif in_flight is not None:
+                joins.append((key, in_flight))
+            else:
+                missed.append(key)
+        try:
+            if missed:
+                await self._load_together(missed, load_many, owner)
+            for key, in_flight in joins:
+                await self._join(key, in_flight, owner)
+        except BaseException:
+            self.release(keys, owner)
+            raise
+        return [self._slot_of[key] for key in keys]
+
+    async def _load_together(
+        self, keys: list[str], load_many: Callable[[list[str], list[int]], Awaitable[object]], owner: str
+    ) -> None:
+        self.counters.misses += len(keys)
+        slots = self._take_slots(keys)
+        loop = asyncio.get_running_loop()
+        flights = []
+        for key, slot in zip(keys, slots, strict=True):
+            self._hold(slot, Tracker.READBACK, owner)
+            in_flight = self._in_flight[key] = _InFlight(loop.create_future())
+            in_flight.outcome.add_done_callback(lambda done: done.cancelled() or done.exception())
+            flights.append(in_flight)
+        try:
+            await load_many(keys, slots)
+        except BaseException as error:
+            if not isinstance(error, Exception):
+                error = PageLoadAbandoned(f"tier `{self.name}`: the load of {len(keys)} page(s) was cancelled")
+            for key, slot, in_flight in zip(keys, slots, flights, strict=True):
+                del self._in_flight[key]
+                self._discard_holds(slot)
+                self._drop(key)
+                in_flight.outcome.set_exception(error)
+            self.counters.loads_failed += len(keys)
+            raise
+        for key, slot, in_flight in zip(keys, slots, flights, strict=True):
+            del self._in_flight[key]
+            for requester in (owner, *in_flight.joined):
+                self._hold(slot, Tracker.ACTIVE, requester)
+            self._unhold(slot, Tracker.READBACK, owner)
+            in_flight.outcome.set_result(slot)
 
     def loads_in_flight(self) -> list[str]:
         return list(self._in_flight)

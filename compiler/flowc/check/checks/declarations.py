@@ -150,6 +150,45 @@ class Globals(Check):
                 )
 
 
+ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3": 1, "int8": 1}  # flowrt.params.layout's
+
+
+@register
+class KVCacheSize(Check):
+    codes = {"E128": "a `KVCache` global whose tiers cannot hold a page"}
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        for decl in program.globals.values():
+            if decl.kind.text != "KVCache":
+                continue
+            read = schema.interpret(decl.entries, schema.GLOBAL_KINDS["KVCache"])
+            values, settings = read.values, read.settings
+            tiers = values.get("tiers")
+            if isinstance(tiers, tuple) and "device" not in tiers:
+                yield Diagnostic(
+                    "E128",
+                    f"global `{decl.name.text}` has no `device` tier",
+                    settings["tiers"].span,
+                    "list `device` first: it is the tier attention reads pages from, e.g. `tiers [device, host]`",
+                )
+            numbers = [
+                values.get(key, default) for key, default in (("layers", 1), ("page_tokens", 16), ("heads", 1), ("head_dim", 1))
+            ]
+            slices = values.get("slices", ("k", "v"))
+            capacity = values.get("capacity")
+            if not all(isinstance(n, int) for n in numbers) or not isinstance(slices, tuple) or not isinstance(capacity, int):
+                continue
+            layers, page_tokens, heads, head_dim = numbers
+            page = layers * len(slices) * page_tokens * heads * head_dim * ITEM_BYTES.get(str(values.get("dtype", "float16")), 2)
+            if capacity < page:
+                yield Diagnostic(
+                    "E128",
+                    f"global `{decl.name.text}`: capacity {capacity} bytes holds no page (one page is {page} bytes)",
+                    settings["capacity"].span,
+                    f"give `capacity` at least {page} bytes (a tier's pages = capacity / page bytes), or shrink the page",
+                )
+
+
 def _flat_values(setting: ast.Setting | None) -> list[ast.Value]:
     if setting is None:
         return []

@@ -19,6 +19,11 @@ Decisions the stores share (documented once here):
   that provider (and only it) evicting the page, unless the reader is the provider itself.
 - **Run locks** (guard 2): per session; they protect every page whose session set (the sessions
   that published it) holds a run-locked session.
+- **Locations**: `publish(..., slots=)` records where the provider keeps each page (its slot,
+  an int >= 0), per (page, provider), living and going with that provider of the page
+  (eviction, expiry; an unregistered or lapsed node's locations are never answered). Each
+  publish replaces them (slots=None: none). `match` returns the chosen providers' slots per
+  segment in the same round trip; `locate` answers one provider's slots.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 Same semantics as the Redis store (whose Lua scripts this mirrors): TTLs are deadlines on a
 monotonic clock (injectable for tests), checked when read; one lock makes every method atomic.
+A page's record holds its providers' slots, so a location lives and goes with its provider.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from flowrt.params.meta.types import (
     Provider,
     Segment,
     check_name,
+    check_slots,
     check_ttl,
 )
 
@@ -35,6 +37,7 @@ class _Page:
     expires: int
     providers: set[tuple[str, str]] = field(default_factory=set)  # (node, part layout id)
     sessions: set[str] = field(default_factory=set)
+    slots: dict[tuple[str, str], int] = field(default_factory=dict)  # provider -> its slot, where published
 
 
 @dataclass
@@ -134,12 +137,22 @@ class EmbeddedStore(MetaStore):
 
     # ── publishing and matching ──
 
-    def publish(self, node: str, session: str, layout_id: str, pages: Sequence[str], ttl: float, start: int | None = None) -> int:
+    def publish(
+        self,
+        node: str,
+        session: str,
+        layout_id: str,
+        pages: Sequence[str],
+        ttl: float,
+        start: int | None = None,
+        slots: Sequence[int] | None = None,
+    ) -> int:
         check_name("node", node)
         check_name("session", session)
         for page in pages:
             check_name("page hash", page)
         ms = check_ttl("a page's ttl", ttl)
+        located = check_slots(pages, slots)
         with self._lock:
             now = self._now()
             entry = self._nodes.get(node)
@@ -160,6 +173,10 @@ class EmbeddedStore(MetaStore):
                 record.expires = max(record.expires, now + ms)
                 record.providers.add((node, layout_id))
                 record.sessions.add(session)
+                if located is None:
+                    record.slots.pop((node, layout_id), None)
+                else:
+                    record.slots[(node, layout_id)] = located[offset]
                 self._pages[(full, page)] = record
             if chain.pages:
                 chain.expires = max(chain.expires, now + ms)
@@ -198,6 +215,7 @@ class EmbeddedStore(MetaStore):
             chain = self._live_chain(layout_id, session, now)
             combos = self._combos.get(layout_id, [])
             found: list[dict[str, set[str]]] = []
+            records: list[_Page] = []
             for i, page in enumerate(pages):
                 if chain is None or i >= len(chain.pages) or chain.pages[i] != page:
                     break
@@ -212,11 +230,31 @@ class EmbeddedStore(MetaStore):
                 if first_complete(avail, combos) is None:
                     break
                 found.append(avail)
+                records.append(record)
             segments = tuple(
-                Segment(start, stop, tuple(Provider(node, lid) for lid, node in chosen))
+                Segment(
+                    start,
+                    stop,
+                    tuple(Provider(node, lid) for lid, node in chosen),
+                    tuple(tuple(records[i].slots.get((node, lid)) for i in range(start, stop)) for lid, node in chosen),
+                )
                 for start, stop, chosen in assign(found, combos)
             )
             return Match(len(found), len(chain.pages) if chain else 0, segments)
+
+    def locate(self, node: str, layout_id: str, pages: Sequence[str]) -> list[int | None]:
+        with self._lock:
+            now = self._now()
+            full = self._full_of.get(layout_id)
+            if full is None:
+                raise MetaError(f"layout {layout_id} was never registered by a node: nothing provides it")
+            if not self._holds(node, layout_id):
+                return [None] * len(pages)
+            found: list[int | None] = []
+            for page in pages:
+                record = self._live_page(full, page, now)
+                found.append(None if record is None else record.slots.get((node, layout_id)))
+            return found
 
     # ── locks ──
 
@@ -291,6 +329,7 @@ class EmbeddedStore(MetaStore):
             if complete_before and not complete_after and referenced:
                 return LAST_REPLICA
         record.providers.discard(member)
+        record.slots.pop(member, None)
         if not record.providers:
             del self._pages[(full, page)]
         return EVICTED

@@ -2,7 +2,8 @@
 
 Every write is a Lua script (data files under lua/, each prefixed with lua/_lib.lua), loaded
 once with SCRIPT LOAD and called by EVALSHA, loaded again on NOSCRIPT (a restarted or flushed
-Redis); reads are pipelined. The whole prefix match is one EVALSHA. URLs:
+Redis); reads are pipelined. The whole prefix match, providers' slots included, is one
+EVALSHA; so is `locate`. URLs:
 `redis://[:PASSWORD@]HOST:PORT/DB` or `rediss://` (TLS). Key schema, all under the deployment's
 prefix `flowkv:{DEPLOYMENT}:` (the braces are a cluster hash tag: one slot per deployment):
 
@@ -14,14 +15,17 @@ prefix `flowkv:{DEPLOYMENT}:` (the braces are a cluster hash tag: one slot per d
     combos:{full}        JSON  {"version", "combos": [[part ids]...]}        deployment ttl
     node:{node}          hash  part id -> full id: the node's holdings       node ttl (heartbeat)
     chain:{full}:{sid}   list  the session's page hashes in order            publish ttl
-    page:{full}:{hash}   hash  "node|part" -> 1: the page's providers        publish ttl
+    page:{full}:{hash}   hash  "node|part" -> "@SLOT" or "1" (no location):  publish ttl
+                               the page's providers and where each keeps it
     psess:{full}:{hash}  set   sessions whose chains hold the page           publish ttl
     rlock:{full}:{hash}  zset  "reader|provider" -> expiry (ms, Redis TIME)  longest lock
     run:{sid}            zset  holder -> expiry (ms, Redis TIME)             longest lock
 
 The deployment ttl (default one hour) is renewed by registrations and heartbeats, so the keys of
 a deployment nobody runs any more expire. The store holds metadata only: losing Redis loses no
-page; nodes register and publish again.
+page; nodes register and publish again. A location is a field value of the page's key, not a
+key of its own: it has the page's TTL, goes with its provider's field on eviction, and nothing
+is left behind once a page's providers are gone.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from flowrt.params.meta.types import (
     Provider,
     Segment,
     check_name,
+    check_slots,
     check_ttl,
 )
 
@@ -57,6 +62,7 @@ SCRIPTS = (
     "unregister_node",
     "publish",
     "match",
+    "locate",
     "lock_replica",
     "unlock_replica",
     "lock_run",
@@ -82,6 +88,11 @@ def hidden(url: str) -> str:
 
 def prefix(deployment: str) -> str:
     return f"flowkv:{{{deployment}}}:"
+
+
+def slot_values(reply: Sequence[str | None]) -> tuple[int | None, ...]:
+    """Slots as the scripts answer them (decimal strings, nil where unknown) -> ints and None."""
+    return tuple(None if value is None else int(value) for value in reply)
 
 
 class RedisStore(MetaStore):
@@ -254,13 +265,25 @@ class RedisStore(MetaStore):
 
     # ── publishing and matching ──
 
-    def publish(self, node: str, session: str, layout_id: str, pages: Sequence[str], ttl: float, start: int | None = None) -> int:
+    def publish(
+        self,
+        node: str,
+        session: str,
+        layout_id: str,
+        pages: Sequence[str],
+        ttl: float,
+        start: int | None = None,
+        slots: Sequence[int] | None = None,
+    ) -> int:
         check_name("node", node)
         check_name("session", session)
         for page in pages:
             check_name("page hash", page)
         ms = check_ttl("a page's ttl", ttl)
-        return int(self._run("publish", node, layout_id, session, ms, -1 if start is None else start, *pages))
+        located = check_slots(pages, slots)
+        begin = -1 if start is None else start
+        flag = "0" if located is None else "1"
+        return int(self._run("publish", node, layout_id, session, ms, begin, flag, *pages, *(located or ())))
 
     def chain(self, layout_id: str, session: str) -> list[str]:
         (pages,) = self._read(lambda pipe: pipe.lrange(self.prefix + f"chain:{layout_id}:{session}", 0, -1))
@@ -273,9 +296,15 @@ class RedisStore(MetaStore):
         for _ in range(count):
             start, stop, k = int(reply[at]), int(reply[at + 1]), int(reply[at + 2])
             pairs = reply[at + 3 : at + 3 + 2 * k]
-            segments.append(Segment(start, stop, tuple(Provider(pairs[j + 1], pairs[j]) for j in range(0, 2 * k, 2))))
             at += 3 + 2 * k
+            slots = tuple(tuple(int(slot) if slot else None for slot in reply[at + j].split(",")) for j in range(k))
+            at += k
+            providers = tuple(Provider(pairs[j + 1], pairs[j]) for j in range(0, 2 * k, 2))
+            segments.append(Segment(start, stop, providers, slots))
         return Match(length, chain_length, tuple(segments))
+
+    def locate(self, node: str, layout_id: str, pages: Sequence[str]) -> list[int | None]:
+        return list(slot_values(self._run("locate", node, layout_id, *pages)))
 
     # ── locks ──
 

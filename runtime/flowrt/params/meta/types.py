@@ -4,11 +4,14 @@ abstract `MetaStore` both stores (embedded, Redis) implement with the same seman
 Names of nodes, sessions and lock holders are non-empty strings without `|` (the stores join
 `node|layout_id` and `reader|provider` into one member); page hashes are non-empty strings
 without `|` either. Times are seconds (floats) at the interface; the stores keep milliseconds.
+A **slot** (a page's location at one provider, e.g. its index in the provider's host
+shared-memory segment) is an int >= 0; None where a provider published no location.
 """
 
 from __future__ import annotations
 
 import abc
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,11 +52,22 @@ class Provider:
 @dataclass(frozen=True)
 class Segment:
     """Pages [start, stop) of a match, all read from the same providers (one per layout of the
-    chosen candidate combination, in the combination's order)."""
+    chosen candidate combination, in the combination's order). `slots[j]` holds where provider
+    `providers[j]` keeps pages start..stop-1 (None where it published no location); the stores
+    always fill it, the default () only spares hand-made segments from spelling it out."""
 
     start: int
     stop: int
     providers: tuple[Provider, ...]
+    slots: tuple[tuple[int | None, ...], ...] = ()
+
+    def slot(self, provider: int, page: int) -> int | None:
+        """Where `providers[provider]` keeps page `page` (start <= page < stop), or None."""
+        if not self.start <= page < self.stop:
+            raise IndexError(f"page {page} is outside the segment [{self.start}, {self.stop})")
+        if provider >= len(self.slots):
+            return None
+        return self.slots[provider][page - self.start]
 
 
 @dataclass(frozen=True)
@@ -68,9 +82,17 @@ class Match:
 
     def providers(self, page: int) -> tuple[Provider, ...]:
         """The providers chosen for page `page` (0 <= page < length)."""
+        return self._segment(page).providers
+
+    def slots(self, page: int) -> tuple[int | None, ...]:
+        """Where each of `providers(page)` (same order) keeps page `page`; None where unknown."""
+        segment = self._segment(page)
+        return tuple(segment.slot(j, page) for j in range(len(segment.providers)))
+
+    def _segment(self, page: int) -> Segment:
         for segment in self.segments:
             if segment.start <= page < segment.stop:
-                return segment.providers
+                return segment
         raise IndexError(f"page {page} is outside the match (length {self.length})")
 
     @property
@@ -95,6 +117,27 @@ def check_name(what: str, value: str) -> str:
     if not isinstance(value, str) or not value or SEP in value:
         raise MetaError(f"a {what} must be a non-empty string without {SEP!r}, not {value!r}")
     return value
+
+
+def check_slots(pages: Sequence[str], slots: Sequence[int] | None) -> list[int] | None:
+    """`slots` as plain ints, one per page; MetaError on a length mismatch or a slot that is not
+    an int >= 0 (a bool is not a slot)."""
+    if slots is None:
+        return None
+    try:
+        values = None if isinstance(slots, str | bytes | bytearray) else list(slots)
+    except TypeError:
+        values = None
+    if values is None:
+        raise MetaError(f"slots must be a sequence of ints (one per page) or None, not {slots!r}")
+    if len(values) != len(pages):
+        raise MetaError(f"publish got {len(pages)} pages but {len(values)} slots: give one slot per page (or slots=None)")
+    checked = []
+    for page, slot in zip(pages, values, strict=True):
+        if isinstance(slot, bool) or not isinstance(slot, numbers.Integral) or slot < 0:
+            raise MetaError(f"the slot of page {page} must be an int >= 0, not {slot!r}")
+        checked.append(int(slot))
+    return checked
 
 
 def check_ttl(what: str, seconds: float) -> int:
@@ -145,12 +188,24 @@ class MetaStore(abc.ABC):
     # ── publishing and matching ──
 
     @abc.abstractmethod
-    def publish(self, node: str, session: str, layout_id: str, pages: Sequence[str], ttl: float, start: int | None = None) -> int:
+    def publish(
+        self,
+        node: str,
+        session: str,
+        layout_id: str,
+        pages: Sequence[str],
+        ttl: float,
+        start: int | None = None,
+        slots: Sequence[int] | None = None,
+    ) -> int:
         """Node `node` (holding part `layout_id`) provides `pages`, in order, at positions
         start.. of the session's chain (None: appended at its end). A position that holds another
         hash cuts the chain there (the session's history changed). Pages, the session's page
         sets and the chain live at least `ttl` seconds from now (a TTL is extended, never
-        shortened). Returns the chain's length."""
+        shortened). `slots[i]` (an int >= 0) is where the node keeps `pages[i]`: recorded per
+        (page, provider), living as long as the page, replaced by the next publish of that page
+        by that provider; slots=None records no location (and forgets one published before: a
+        location is only as current as the provider's last publish). Returns the chain's length."""
 
     @abc.abstractmethod
     def chain(self, layout_id: str, session: str) -> list[str]:
@@ -159,7 +214,14 @@ class MetaStore(abc.ABC):
     @abc.abstractmethod
     def match(self, session: str, layout_id: str, pages: Sequence[str]) -> Match:
         """The longest prefix of `pages` that is the session's chain with, page by page, a
-        complete candidate combination of live providers; cuts the chain at an expired page."""
+        complete candidate combination of live providers; cuts the chain at an expired page.
+        Each segment carries its providers' slots of its pages (the same round trip)."""
+
+    @abc.abstractmethod
+    def locate(self, node: str, layout_id: str, pages: Sequence[str]) -> list[int | None]:
+        """Where node `node` keeps `pages` in its part `layout_id`: one slot per page, None where
+        it published no location, does not provide the page (evicted, expired, never) or is not
+        live (lapsed, unregistered). MetaError if no node ever registered `layout_id`."""
 
     # ── locks ──
 

@@ -30,11 +30,21 @@ local function live(member)
   return value
 end
 
--- layout id -> {node = true} of the live providers of a page; and how many members it has
+-- a page's provider field holds '1' (no location) or '@' .. slot; the slot (a string), or false
+local function slot_of(value)
+  if value and string.sub(value, 1, 1) == '@' then
+    return string.sub(value, 2)
+  end
+  return false
+end
+
+-- layout id -> {node = field value (truthy)} of the live providers of a page; and how many
+-- members it has
 local function avail(full, page, exclude)
-  local members = redis.call('HKEYS', P .. 'page:' .. full .. ':' .. page)
+  local fields = redis.call('HGETALL', P .. 'page:' .. full .. ':' .. page)
   local found = {}
-  for _, member in ipairs(members) do
+  for i = 1, #fields, 2 do
+    local member = fields[i]
     if member ~= exclude and live(member) then
       local node, lid = split(member)
       local nodes = found[lid]
@@ -42,10 +52,10 @@ local function avail(full, page, exclude)
         nodes = {}
         found[lid] = nodes
       end
-      nodes[node] = true
+      nodes[node] = fields[i + 1]
     end
   end
-  return found, #members
+  return found, #fields / 2
 end
 
 local function first_complete(found, combos)

@@ -1,5 +1,6 @@
 -- ARGV: node, part id, drop (0/1), then pages. All three guards and the deletion in one
--- script, page by page (no window between check and delete). Returns one reason per page.
+-- script, page by page (no window between check and delete); the node's slot of the page goes
+-- with its provider field. Returns one reason per page.
 local node, part, drop = ARGV[1], ARGV[2], ARGV[3] == '1'
 local full = redis.call('HGET', P .. 'lfull', part)
 if not full then

@@ -1,8 +1,11 @@
 -- ARGV: full id, session, then the query's page hashes. One round trip for the whole match:
 -- the longest prefix equal to the session's chain whose every page has a complete candidate
 -- combination of live providers; an expired page cuts the chain there. Providers are chosen
--- as flowrt.params.meta.combos.assign does (this mirrors it).
--- Returns {length, chain length, segments, then per segment: start, stop, k, (lid, node) x k}.
+-- as flowrt.params.meta.combos.assign does (this mirrors it); each provider's slots come from
+-- the same page fields the providers do.
+-- Returns {length, chain length, segments, then per segment: start, stop, k, (lid, node) x k,
+-- then per provider its slots of pages start..stop-1 in one string, comma-separated, empty
+-- where unknown ("3,,5"): one reply element, not one per page}.
 local full, sid = ARGV[1], ARGV[2]
 local count = #ARGV - 2
 local chain_key = P .. 'chain:' .. full .. ':' .. sid
@@ -85,6 +88,13 @@ for _, segment in ipairs(segments) do
   for _, chosen in ipairs(segment[3]) do
     out[#out + 1] = chosen[1]
     out[#out + 1] = chosen[2]
+  end
+  for _, chosen in ipairs(segment[3]) do
+    local slots = {}
+    for i = segment[1] + 1, segment[2] do
+      slots[#slots + 1] = slot_of(found[i][chosen[1]][chosen[2]]) or ''
+    end
+    out[#out + 1] = table.concat(slots, ',')
   end
 end
 return out

@@ -1,8 +1,11 @@
--- ARGV: node, part id, session, ttl (ms), start (-1: append), then page hashes in order.
--- The node becomes a provider of each page; the pages go to the session's chain at start..
--- (a position holding another hash cuts the chain there). TTLs are extended, never
--- shortened. Returns the chain's length.
+-- ARGV: node, part id, session, ttl (ms), start (-1: append), located (0/1), then page hashes
+-- in order, then (located = 1) one slot per page. The node becomes a provider of each page, its
+-- field holding '@' .. slot (or '1': no location; a republish replaces it); the pages go to
+-- the session's chain at start.. (a position holding another hash cuts the chain there). TTLs
+-- are extended, never shortened. Returns the chain's length.
 local node, part, sid, ttl, start = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local located = ARGV[6] == '1'
+local FIRST = 7 -- ARGV index of the first page
 local full = redis.call('HGET', P .. 'node:' .. node, part)
 if not full then
   return fail('node ' .. node .. ' does not hold layout ' .. part .. ' (or its heartbeat lapsed): register_node first')
@@ -15,14 +18,17 @@ end
 if start > length then
   return fail('session ' .. sid .. ' has ' .. length .. ' pages: cannot publish from page ' .. start .. ' (a gap)')
 end
-local count = #ARGV - 5
+local count = #ARGV - FIRST + 1
+if located then
+  count = math.floor(count / 2)
+end
 local existing = {}
 if count > 0 then
   existing = redis.call('LRANGE', chain, start, start + count - 1)
 end
 local appending = false
 for j = 1, count do
-  local page = ARGV[j + 5]
+  local page = ARGV[FIRST + j - 1]
   if not appending and existing[j] ~= page then
     if existing[j] ~= nil then
       if start + j - 1 == 0 then
@@ -37,7 +43,11 @@ for j = 1, count do
     redis.call('RPUSH', chain, page)
   end
   local key = P .. 'page:' .. full .. ':' .. page
-  redis.call('HSET', key, node .. SEP .. part, '1')
+  local value = '1'
+  if located then
+    value = '@' .. ARGV[FIRST + count + j - 1]
+  end
+  redis.call('HSET', key, node .. SEP .. part, value)
   touch(key, ttl)
   key = P .. 'psess:' .. full .. ':' .. page
   redis.call('SADD', key, sid)

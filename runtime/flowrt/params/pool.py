@@ -1,0 +1,598 @@
+"""The Global Params Pool of one process for one parameter: the tiers, their slot engines and the
+metadata joined into one cache (shared/DESIGN.md §6, Omni-Flow §4.1).
+
+- **L1** (`device`): the block stacks attention reads; a `SlotEngine` decides which page lives in
+  which slot. **L2** (`host`): flat pages in a shared-memory file other processes of the machine
+  map (`peers`). **L3** (`disk`): flat pages in a memory-mapped file, a local spill of L2.
+- **Writing**: `allocate(keys)` gives L1 slots for new pages (named by their chained hashes) held
+  for the writer; `commit` makes them readable, writes them through to L2 (one copy per run of
+  slots) and publishes them with their L2 slots in the metadata store, so any process finds them.
+- **Reading**: `match` finds the longest prefix of a page list this process or a peer of the
+  machine holds: L1 first, then this pool's L2 and L3, then the metadata store (one round trip)
+  for pages peers hold. Every page found is brought into L1 by `SlotEngine.fetch_many`:
+  concurrent misses on a page make one copy, runs of slots move as single segments (promotion).
+- **Evicting**: L1 drops idle pages coldest first; a page that L2 lacks is copied down first
+  (demotion). L2 makes room through the metadata store's guarded eviction: a page a peer is
+  reading (replica lock), that a running session uses (run lock), or whose last full copy this
+  is, stays; an evicted one is copied down to L3 when there is one.
+- **Metadata down** (Redis stopped, a script failing): nothing in L1, L2 or L3 is dropped or
+  changed. Reads fall back to what this process holds, commits stay local and their publishing
+  is retried on later calls (`pending_publishes`); `last_meta_error` says what went wrong.
+
+Single event loop, like the slot engines: call it from one thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowrt.params import peers as peers_
+from flowrt.params.layout import KVLayout
+from flowrt.params.meta import EmbeddedStore, MetaError, MetaStore, MetaUnavailable
+from flowrt.params.meta.types import EVICTED, LAST_REPLICA
+from flowrt.params.slots import SlotEngine, SlotError, SlotsExhausted, Tracker
+from flowrt.params.tiers import CopyStats, DeviceTier, DiskTier, FlatTier, HostTier, Tier, copy_slots
+
+log = logging.getLogger("flowrt.params")
+
+EVICTOR = "pool-evict"  # the owner of the pool's own eviction holds
+PROMOTER = "pool-promote"  # ... and of the sources of its promotions
+DONE, RETRY, REFUSED = "done", "retry", "refused"  # what publishing a session's chain came to
+MAX_CHAINS = 4096  # sessions whose chains a pool remembers, to publish them again after a store lost them
+OFFLOAD_BYTES = 1 << 20  # a promotion this large copies on a worker thread, not on the event loop
+LOCK_TTL = 30.0  # seconds a replica lock outlives a reader that died holding it
+
+
+@dataclass
+class PoolCounters:
+    committed_pages: int = 0
+    published_pages: int = 0
+    promoted_pages: int = 0  # copied up into L1 (from L2, L3 or a peer's L2)
+    demoted_pages: int = 0  # copied down (L1 -> L2, L2 -> L3)
+    peer_pages: int = 0  # read from another process's L2
+    evictions_refused: int = 0  # L2 pages the metadata guards kept
+    copy_segments: int = 0
+    copy_bytes: int = 0
+    meta_errors: int = 0
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """What `match` found: the first `pages` keys, held in L1 slots `slots` for the owner, and
+    where each came from (`sources[i]`: device, host, disk or peer)."""
+
+    pages: int
+    slots: tuple[int, ...]
+    sources: tuple[str, ...]
+    degraded: str | None = None  # why the metadata store was not asked, if it failed
+
+
+@dataclass
+class _Found:
+    """Where a page of a match lies before it is brought into L1."""
+
+    key: str
+    source: str
+    tier: Tier | None = None
+    slot: int | None = None
+    peer: str | None = None
+
+
+def default_node(name: str) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{name}"
+
+
+class KVPool:
+    def __init__(
+        self,
+        layout: KVLayout,
+        *,
+        device_pages: int,
+        host_pages: int = 0,
+        disk_pages: int = 0,
+        disk_dir: str | Path | None = None,
+        device: Any = "cpu",
+        store: MetaStore | None = None,
+        deployment: str = "default",
+        node: str | None = None,
+        page_ttl: float = 600.0,
+        node_ttl: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.layout = layout
+        self.layout_id = layout.layout_id()
+        self.deployment = deployment
+        self.node = node or default_node(layout.name)
+        self.page_ttl = page_ttl
+        self.node_ttl = node_ttl
+        self.clock = clock
+        self.offload_bytes = OFFLOAD_BYTES
+        self._promotions = itertools.count()
+        self.store = store if store is not None else EmbeddedStore(deployment)
+        self.counters = PoolCounters()
+        self.last_meta_error: str | None = None
+        self.device = DeviceTier(layout, device_pages, device)
+        self.l1 = SlotEngine(device_pages, name=f"{layout.name}/device", on_evict=self._demote_from_l1)
+        self.host: HostTier | None = None
+        self.l2: SlotEngine | None = None
+        self.disk: DiskTier | None = None
+        self.l3: SlotEngine | None = None
+        self._descriptor: Path | None = None
+        self._published: set[str] = set()  # L2 pages the metadata store lists for this node
+        self._chains: dict[str, list[str]] = {}  # session -> its pages as committed here (recent last)
+        self._unpublished: dict[str, int] = {}  # session -> first page the store has not taken
+        self._beat_at: float | None = None
+        try:
+            if host_pages:
+                self.host = HostTier.create(layout, host_pages)
+                self.l2 = SlotEngine(host_pages, name=f"{layout.name}/host")
+                self._descriptor = peers_.announce(deployment, self.node, layout, self.host)
+            if disk_pages:
+                directory = Path(disk_dir) if disk_dir is not None else Path(tempfile.gettempdir()) / "flowrt-kv"
+                self.disk = DiskTier(directory / peers_._digest(deployment, self.node), layout, disk_pages)
+                self.l3 = SlotEngine(disk_pages, name=f"{layout.name}/disk")
+        except BaseException:
+            self.close()
+            raise
+        self.peers = peers_.Peers(deployment, layout)
+        self.keep_alive()
+
+    # ── metadata, tolerant of a store that fails ──
+
+    def _meta(self, operation: Callable[[], Any]) -> Any:
+        """Run one metadata operation; a MetaError is remembered and None returned."""
+        try:
+            result = operation()
+        except MetaError as error:
+            self._meta_failed(error)
+            return None
+        if self.last_meta_error is not None:
+            log.info("KV pool `%s`: the metadata store answers again", self.layout.name)
+            self.last_meta_error = None
+        return result
+
+    def _meta_failed(self, error: MetaError) -> None:
+        self.counters.meta_errors += 1
+        if self.last_meta_error is None:
+            log.warning(
+                "KV pool `%s`: the metadata store failed (%s); serving from this process's tiers", self.layout.name, error
+            )
+        self.last_meta_error = str(error)
+
+    def keep_alive(self) -> None:
+        """Renew this node in the metadata store when a third of its TTL has passed (register it
+        again, and republish, if it lapsed); publish what waits. Called by every operation, and
+        by the replica's heartbeats so an idle process's pages stay findable."""
+        now = self.clock()
+        if self._beat_at is not None and now - self._beat_at < self.node_ttl / 3:
+            return
+        alive = self._meta(lambda: self.store.heartbeat(self.node, self.node_ttl)) if self._beat_at is not None else False
+        if alive is None:
+            return
+        if not alive:
+            done = self._meta(  # the layout too: a store that restarted empty forgot it
+                lambda: (
+                    self.store.register_layout(self.layout)
+                    and (self.store.register_node(self.node, [self.layout], self.node_ttl) or True)
+                )
+            )
+            if done is None:
+                return
+            if self._beat_at is not None:  # it had lapsed: the store forgot what this node provides
+                self._published.clear()
+                self._unpublished = dict.fromkeys(self._chains, 0)
+        self._beat_at = now
+        self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        for session in list(self._unpublished):
+            if self.last_meta_error is not None:
+                return
+            if self._publish_now(session, self._unpublished[session]) != RETRY:
+                self._unpublished.pop(session, None)
+
+    def _publish_now(self, session: str, start: int) -> str:
+        """Publish the session's chain from page `start` as far as L2 holds it: DONE, RETRY (the
+        store is unreachable) or REFUSED (it refused the whole chain: a failing script, say).
+        A store that refuses a tail (it lost the session's earlier pages) gets the whole chain."""
+        chain = self._chains.get(session, [])
+        if self.l2 is None:
+            return DONE
+        while True:
+            keys = chain[start:]
+            slots = [self.l2.slot_of(key) for key in keys]
+            cut = next((i for i, slot in enumerate(slots) if slot is None), len(keys))  # evicted since
+            keys, slots = keys[:cut], slots[:cut]
+            if not keys:
+                return DONE
+            try:
+                self.store.publish(self.node, session, self.layout_id, keys, self.page_ttl, start, slots=slots)
+            except MetaUnavailable as error:
+                self._meta_failed(error)
+                return RETRY
+            except MetaError as error:
+                if start == 0:
+                    self._meta_failed(error)
+                    return REFUSED
+                start = 0
+                continue
+            self._meta(lambda: None)  # (it answered: clear a remembered failure)
+            self._published.update(keys)
+            self.counters.published_pages += len(keys)
+            return DONE
+
+    # ── writing ──
+
+    def allocate(self, keys: Sequence[str], owner: str) -> list[int]:
+        """L1 slots for pages `keys`, held for `owner`: new pages held as its write (write their
+        K/V there, then `commit`); a page that is already resident (another request made it) is
+        held as its read and needs no writing. `fresh(key, owner)` tells them apart."""
+        keys = list(keys)
+        new = [key for key in keys if self.l1.slot_of(key) is None]
+        if new:
+            self.l1.allocate(new, writer=owner)
+        old = [key for key in keys if key not in new]
+        if old:
+            self.l1.acquire(Tracker.ACTIVE, old, owner)
+        return [self.l1.slot_of(key) for key in keys]  # type: ignore[misc]
+
+    def fresh(self, key: str, owner: str) -> bool:
+        return owner in self.l1.trackers(key).write_tasks
+
+    def commit(self, session: str, keys: Sequence[str], owner: str, start: int | None = None) -> bool:
+        """The K/V of `keys` (allocated by `owner`) are written: they become readable, are copied
+        through to L2 and published as pages start.. of the session's chain (None: appended).
+        Returns whether the metadata store took them (False: kept here, published later)."""
+        keys = list(keys)
+        written = [key for key in keys if self.l1.slot_of(key) is not None and self.fresh(key, owner)]
+        for key in written:
+            self.l1.acquire(Tracker.ACTIVE, [key], owner)  # the writer keeps reading what it wrote
+            self.l1.finish_write(key, owner)
+        self.counters.committed_pages += len(written)
+        if self.l2 is not None:
+            self._write_through(keys)
+        chain = self._chains.pop(session, [])
+        start = len(chain) if start is None else start
+        self._chains[session] = chain[:start] + keys  # (a new hash at a position cuts the chain there)
+        while len(self._chains) > MAX_CHAINS:
+            oldest = next(iter(self._chains))
+            del self._chains[oldest]
+            self._unpublished.pop(oldest, None)
+        self._unpublished[session] = min(start, self._unpublished.get(session, start))
+        self.keep_alive()
+        outcome = RETRY if self.last_meta_error is not None else self._publish_now(session, self._unpublished[session])
+        if outcome != RETRY:
+            self._unpublished.pop(session, None)
+        return outcome == DONE
+
+    def _write_through(self, keys: list[str]) -> None:
+        assert self.l2 is not None and self.host is not None
+        missing = [key for key in keys if self.l2.slot_of(key) is None and self.l1.slot_of(key) is not None]
+        if not missing:
+            return
+        self._make_room(len(missing))
+        host_slots = self.l2.allocate(missing)
+        self._count(copy_slots(self.device, [self.l1.slot_of(key) for key in missing], self.host, host_slots))
+
+    def _make_room(self, wanted: int) -> None:
+        """Free `wanted` L2 slots: idle pages, coldest first, that the metadata guards let go.
+
+        A page a peer is reading (replica lock) or a running session uses (run lock) stays. The
+        last copy of a live session's page (guard 3) goes down to L3 when there is one; without
+        one it is dropped only when nothing else can make the room (KV is recomputable)."""
+        assert self.l2 is not None
+        shortfall = wanted - self.l2.free_slots.free
+        kept: list[str] = []  # held in EVICT until the end, so the loop never picks them again
+        last_copies: list[tuple[str, int]] = []
+        while shortfall > 0:
+            chosen = self.l2.evict_candidates(shortfall, EVICTOR)
+            if not chosen:
+                break
+            verdicts = self._unpublish([key for key, _ in chosen], drop=self.l3 is not None)
+            freed = []
+            for key, slot in chosen:
+                verdict = verdicts.get(key, EVICTED)
+                if verdict == EVICTED:
+                    freed.append((key, slot))
+                elif verdict == LAST_REPLICA:
+                    last_copies.append((key, slot))
+                else:
+                    self.counters.evictions_refused += 1
+                    kept.append(key)
+            shortfall -= self._free_host(freed)
+        if shortfall > 0 and last_copies:
+            verdicts = self._unpublish([key for key, _ in last_copies[:shortfall]], drop=True)
+            freed = [(key, slot) for key, slot in last_copies[:shortfall] if verdicts.get(key) == EVICTED]
+            shortfall -= self._free_host(freed)
+        self.l2.release([key for key, _ in last_copies] + kept, EVICTOR, Tracker.EVICT)
+        if shortfall > 0:
+            raise SlotsExhausted(
+                f"KV pool `{self.layout.name}`: the host tier has no room for {wanted} page(s): every page in it is "
+                f"held, being read by another process or used by a running session"
+                + (f" (and the metadata store failed: {self.last_meta_error})" if self.last_meta_error else "")
+                + "; give the global more `capacity` or end sessions"
+            )
+
+    def _unpublish(self, keys: list[str], *, drop: bool) -> dict[str, str]:
+        """Ask the metadata store to stop listing this node for the published ones of `keys`:
+        {key: reason} for those (pages never published need nobody's leave). A store that fails
+        keeps them all: their slots may be what a peer is about to read."""
+        published = [key for key in keys if key in self._published]
+        if not published:
+            return {}
+        answers = self._meta(lambda: self.store.evict(self.node, self.layout_id, published, drop=drop))
+        if answers is None:
+            return {key: "meta_unavailable" for key in published}
+        for answer in answers:
+            if answer.evicted:
+                self._published.discard(answer.page)
+        return {answer.page: answer.reason for answer in answers}
+
+    def _free_host(self, pages: list[tuple[str, int]]) -> int:
+        assert self.l2 is not None
+        for key, slot in pages:
+            self._demote_to_disk(key, slot)
+        return len(self.l2.finish_evict([key for key, _ in pages], EVICTOR))
+
+    def _demote_to_disk(self, key: str, host_slot: int) -> None:
+        if self.l3 is None or self.disk is None or self.host is None or self.l3.slot_of(key) is not None:
+            return
+        (disk_slot,) = self.l3.allocate([key])
+        self._count(copy_slots(self.host, [host_slot], self.disk, [disk_slot]))
+        self.counters.demoted_pages += 1
+
+    def _demote_from_l1(self, key: str, slot: int) -> None:
+        """L1 drops idle page `key`: keep a copy below when no lower tier has it (before the
+        slot is reused, its data is still there)."""
+        if self.host is None or self.l2 is None or self.l2.slot_of(key) is not None:
+            return
+        if self.l3 is not None and self.l3.slot_of(key) is not None:
+            return
+        try:
+            self._make_room(1)
+        except SlotsExhausted:
+            return  # nothing below can take it: the page goes (KV is a cache; it is recomputed)
+        (host_slot,) = self.l2.allocate([key])
+        self._count(copy_slots(self.device, [slot], self.host, [host_slot]))
+        self.counters.demoted_pages += 1
+
+    # ── reading ──
+
+    async def match(self, session: str, keys: Sequence[str], owner: str) -> Prefix:
+        """The longest prefix of `keys` this process or a peer of the machine holds, brought into
+        L1 and held there for `owner` (release with `release`)."""
+        keys = list(keys)
+        found = self._local_prefix(keys)
+        degraded = None
+        if len(found) < len(keys):
+            self.keep_alive()
+            remote = self._meta(lambda: self.store.match(session, self.layout_id, keys))
+            if remote is None:
+                degraded = self.last_meta_error
+            else:
+                found.extend(self._peer_pages(keys, remote, len(found)))
+        locked = found
+        found = self._lock_peers(locked)
+        chosen = [item.key for item in found]
+        by_key = {item.key: item for item in found}
+        try:
+            while True:
+                try:
+                    slots = await self.l1.fetch_many(chosen, lambda missed, into: self._promote(missed, into, by_key), owner)
+                    break
+                except SlotsExhausted:  # L1 cannot take them all (held by others): the prefix it can take
+                    chosen = chosen[: self._fitting(chosen)]
+        finally:
+            self._unlock_peers(locked)
+        for key in chosen:
+            self.l1.touch(key)
+        return Prefix(len(chosen), tuple(slots), tuple(by_key[key].source for key in chosen), degraded)
+
+    def _fitting(self, keys: list[str]) -> int:
+        """How many leading `keys` L1 can hold now (free slots and idle pages make room), one
+        less than len(keys) at most, so that a retry makes progress."""
+        room = self.l1.free_slots.free + len(self.l1.idle_pages) - sum(1 for key in keys if key in self.l1.idle_pages)
+        count = 0
+        for index, key in enumerate(keys[:-1]):
+            if self.l1.slot_of(key) is None:
+                if room == 0:
+                    return index
+                room -= 1
+            count = index + 1
+        return count
+
+    def _lock_peers(self, found: list[_Found]) -> list[_Found]:
+        """Replica-lock the peers' pages of `found`, then check that each still lies where the
+        match said (a peer may have moved it before the lock held): the prefix that does."""
+        cut = len(found)
+        for peer in sorted({item.peer for item in found if item.peer}):
+            items = [(i, item) for i, item in enumerate(found) if item.peer == peer]
+            keys = [item.key for _, item in items]
+            locked = self._meta(lambda p=peer, k=keys: self.store.lock_replica(self.node, p, self.layout_id, k, LOCK_TTL) or True)
+            where = None if locked is None else self._meta(lambda p=peer, k=keys: self.store.locate(p, self.layout_id, k))
+            for (i, item), slot in zip(items, where or [None] * len(items), strict=True):
+                if slot != item.slot:
+                    cut = min(cut, i)
+                    break
+        return found[:cut]
+
+    def _unlock_peers(self, found: list[_Found]) -> None:
+        for peer in sorted({item.peer for item in found if item.peer}):
+            keys = [item.key for item in found if item.peer == peer]
+            self._meta(lambda p=peer, k=keys: self.store.unlock_replica(self.node, p, self.layout_id, k))
+
+    def _local_prefix(self, keys: list[str]) -> list[_Found]:
+        found: list[_Found] = []
+        for key in keys:
+            if self.l1.slot_of(key) is not None:
+                found.append(_Found(key, "device"))
+            elif self.l2 is not None and key in self.l2:
+                found.append(_Found(key, "host", self.host, self.l2.slot_of(key)))
+            elif self.l3 is not None and key in self.l3:
+                found.append(_Found(key, "disk", self.disk, self.l3.slot_of(key)))
+            else:
+                break
+        return found
+
+    def _peer_pages(self, keys: list[str], remote: Any, begin: int) -> list[_Found]:
+        """Pages begin.. of the metadata store's match that a peer of this machine can give."""
+        found: list[_Found] = []
+        for segment in remote.segments:
+            if segment.stop <= begin:
+                continue
+            provider = next((p for p in segment.providers if p.node != self.node), None)
+            if provider is None or len(segment.providers) != 1:
+                break  # this node lost them, or they are split over providers: recompute from here
+            tier = self.peers.find(provider.node)
+            slots = segment.slots[0] if segment.slots else ()
+            if tier is None or not slots:
+                break
+            for page in range(max(begin, segment.start), segment.stop):
+                slot = slots[page - segment.start]
+                if slot is None or not 0 <= slot < tier.slots:
+                    return found
+                found.append(_Found(keys[page], "peer", tier, slot, provider.node))
+            begin = segment.stop
+        return found
+
+    async def _promote(self, missed: list[str], into: list[int], by_key: dict[str, _Found]) -> None:
+        """Fill L1 slots `into` with pages `missed`, one copy per run from the same tier; the
+        sources stay held (readback) until copied. Large transfers run off the event loop."""
+        groups: dict[int, tuple[Tier, list[int], list[int]]] = {}
+        holds: list[tuple[SlotEngine, str]] = []
+        promoter = f"{PROMOTER}-{next(self._promotions)}"
+        for key, slot in zip(missed, into, strict=True):
+            item = by_key[key]
+            if item.tier is None or item.slot is None:  # it was in L1 when looked up: never between
+                raise SlotError(f"KV pool `{self.layout.name}`: page {key} left every tier while it was being read")
+            engine = {"host": self.l2, "disk": self.l3}.get(item.source)
+            if engine is not None:
+                engine.acquire(Tracker.READBACK, [key], promoter)
+                holds.append((engine, key))
+            group = groups.setdefault(id(item.tier), (item.tier, [], []))
+            group[1].append(item.slot)
+            group[2].append(slot)
+        try:
+            nbytes = len(missed) * self.layout.page_bytes
+            if nbytes >= self.offload_bytes:
+                stats = await asyncio.to_thread(self._copy_groups, list(groups.values()))
+            else:
+                stats = self._copy_groups(list(groups.values()))
+        finally:
+            for engine, key in holds:
+                engine.release([key], promoter, Tracker.READBACK)
+        self._count(stats)
+        self.counters.promoted_pages += len(missed)
+        self.counters.peer_pages += sum(1 for key in missed if by_key[key].source == "peer")
+
+    def _copy_groups(self, groups: list[tuple[Tier, list[int], list[int]]]) -> CopyStats:
+        total = CopyStats()
+        for tier, sources, targets in groups:
+            total = total + copy_slots(tier, sources, self.device, targets)
+        return total
+
+    def _count(self, stats: CopyStats) -> None:
+        self.counters.copy_segments += stats.segments
+        self.counters.copy_bytes += stats.bytes
+
+    def read_shared(self, session: str, keys: Sequence[str]) -> SharedPages:
+        """The prefix of `keys` that peers of this machine hold in L2, as zero-copy views of their
+        pages (no copy into L1), held against eviction by replica locks until `close`."""
+        keys = list(keys)
+        self.keep_alive()
+        remote = self._meta(lambda: self.store.match(session, self.layout_id, keys))
+        found = [] if remote is None else self._peer_pages(keys, remote, 0)
+        return SharedPages(self, found)
+
+    def release(self, owner: str) -> None:
+        """Drop every hold `owner` has on this pool's pages."""
+        for engine in (self.l1, self.l2, self.l3):
+            if engine is not None:
+                engine.release_owner(owner)
+
+    # ── the rest ──
+
+    def statistics(self) -> dict:
+        tiers = {"device": self.l1.statistics()}
+        if self.l2 is not None:
+            tiers["host"] = self.l2.statistics()
+        if self.l3 is not None:
+            tiers["disk"] = self.l3.statistics()
+        return {
+            "layout": self.layout.name,
+            "layout_id": self.layout_id,
+            "node": self.node,
+            "tiers": tiers,
+            "published": len(self._published),
+            "pending_publishes": sum(len(self._chains.get(s, ())) - start for s, start in self._unpublished.items()),
+            "last_meta_error": self.last_meta_error,
+            **self.peers.statistics(),
+            **vars(self.counters),
+        }
+
+    def close(self) -> None:
+        """Leave the metadata store and free every tier (the L2 file is removed)."""
+        if getattr(self, "peers", None) is not None:
+            self.peers.close()
+        if self._beat_at is not None:
+            self._meta(lambda: self.store.unregister_node(self.node))
+            self._beat_at = None
+        peers_.withdraw(self._descriptor)
+        self._descriptor = None
+        for tier in (self.host, self.disk, self.device):
+            if tier is not None:
+                tier.close()
+        if self.disk is not None:  # its pages were this node's alone (never published): nobody reopens them
+            with contextlib.suppress(OSError):
+                self.disk.path.unlink()
+                self.disk.path.parent.rmdir()
+            self.disk = None
+
+
+@dataclass
+class SharedPages:
+    """Pages another process of the machine holds, read in place (see `KVPool.read_shared`)."""
+
+    pool: KVPool
+    found: list[_Found]
+    closed: bool = field(default=False)
+    locked: list[_Found] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.locked = self.found
+        self.found = self.pool._lock_peers(self.found)
+
+    @property
+    def pages(self) -> int:
+        return len(self.found)
+
+    def view(self, page: int, sub_names: Sequence[str] | None = None, slice_names: Sequence[str] | None = None) -> list:
+        """Zero-copy views (page_tokens, heads, head_dim) of page `page` of the match."""
+        if self.closed:
+            raise SlotError("these shared pages were closed; read them again")
+        item = self.found[page]
+        assert isinstance(item.tier, FlatTier) and item.slot is not None
+        return item.tier.view(sub_names, item.slot, slice_names)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.pool._unlock_peers(self.locked)
+
+    def __enter__(self) -> SharedPages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

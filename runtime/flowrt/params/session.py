@@ -1,0 +1,194 @@
+"""What roles hold of the Global Params Pool: `ctx.kv(name)` (docs/kv.md).
+
+- `KVPools`: the pools of one process, one per `global NAME: KVCache { ... }` of the bundle,
+  made on first use from the global's settings (`capacity` per tier, `tiers`), sharing one
+  metadata store (embedded, or Redis when FLOWRT_KV_META names one).
+- `KVSession`: one activation's handle on one pool for its session. Every page it matches or
+  allocates is held for the activation (its `owner`) until `release`, which `async with` does;
+  inside `async with`, the session's run lock tells every node of the deployment not to evict
+  the session's pages while it runs.
+
+    async with ctx.kv("kv") as kv:
+        keys = kv.keys(tokens)                  # chained page hashes of the full pages
+        hit = await kv.match(keys)              # the cached prefix, in L1 slots hit.slots
+        slots = kv.allocate(keys[hit.pages:])   # L1 slots for the rest; write K/V there
+        ...                                     # kv.stack("0", "k")[slots] = ...
+        kv.commit(keys[hit.pages:], start=hit.pages)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from flowrt.errors import FlowrtError
+from flowrt.params.layout import KVLayout
+from flowrt.params.meta import MetaError, MetaStore, open_store
+from flowrt.params.pool import KVPool, Prefix, SharedPages, default_node
+
+DEFAULT_CAPACITY = 64 << 20  # bytes of each tier of a global that sets no `capacity`
+DEFAULT_TIERS = ("device", "host")
+META_ENV = "FLOWRT_KV_META"  # the metadata store: unset or "embedded", else a redis:// URL
+DIR_ENV = "FLOWRT_KV_DIR"  # where the disk tier's files go (default: TMPDIR/flowrt-kv)
+RUN_LOCK_TTL = 300.0  # a run lock outlives a process that died holding it by at most this
+
+Hasher = Callable[[Any, int], list[str]]  # (tokens, page_tokens) -> chained page hashes
+
+
+class KVError(FlowrtError):
+    """A KV pool that cannot be used as asked (an unknown global, no torch, a bad setting)."""
+
+
+def tier_pages(layout: KVLayout, settings: Mapping[str, Any]) -> dict[str, int]:
+    """Pages of each tier a global's settings ask for: `capacity` bytes on each tier of `tiers`."""
+    tiers = tuple(settings.get("tiers") or DEFAULT_TIERS)
+    if "device" not in tiers:
+        raise KVError(f"global `{layout.name}`: `tiers` must include device (L1, where attention reads pages)")
+    capacity = int(settings.get("capacity", DEFAULT_CAPACITY))
+    pages = layout.pages_in(capacity)
+    if pages < 1:
+        raise KVError(
+            f"global `{layout.name}`: capacity {capacity} bytes holds no page of {layout.page_bytes} bytes; "
+            f"raise `capacity` to at least {layout.page_bytes}"
+        )
+    return {tier: (pages if tier in tiers else 0) for tier in ("device", "host", "disk")}
+
+
+class KVSession:
+    """One activation's handle on one pool for one session (see the module docstring)."""
+
+    def __init__(self, pool: KVPool, session: str, owner: str, hasher: Hasher | None = None):
+        self.pool = pool
+        self.session = session
+        self.owner = owner
+        self.hasher = hasher
+        self._run_locked = False
+
+    @property
+    def layout(self) -> KVLayout:
+        return self.pool.layout
+
+    def keys(self, tokens: Any) -> list[str]:
+        """The chained hashes of the full pages of `tokens` (a trailing partial page has none)."""
+        if self.hasher is None:
+            raise KVError("page hashing is not available in this process (flowrt.compute); pass page keys instead")
+        return self.hasher(tokens, self.layout.page_tokens)
+
+    async def match(self, keys: Sequence[str]) -> Prefix:
+        """The longest cached prefix of `keys`, in L1 and held until `release`."""
+        return await self.pool.match(self.session, keys, self.owner)
+
+    def allocate(self, keys: Sequence[str]) -> list[int]:
+        """L1 slots for pages `keys`: write the K/V of each `fresh` one there, then `commit`."""
+        return self.pool.allocate(keys, self.owner)
+
+    def fresh(self, key: str) -> bool:
+        """Whether `key` was allocated new for this handle (False: another request made it)."""
+        return self.pool.fresh(key, self.owner)
+
+    def commit(self, keys: Sequence[str], start: int | None = None) -> bool:
+        """Pages `keys` are written: share them as pages start.. of the session's history.
+        False when the metadata store could not take them (they stay here; retried later)."""
+        return self.pool.commit(self.session, keys, self.owner, start)
+
+    def stack(self, sub: str, slice_: str) -> Any:
+        """L1 block stack (slots, page_tokens, heads, head_dim) of chunk (sub, slice)."""
+        return self.pool.device.stack(sub, slice_)
+
+    def view(self, sub_names: Sequence[str] | None, slot: int, slice_names: Sequence[str] | None = None) -> list:
+        return self.pool.device.view(sub_names, slot, slice_names)
+
+    def read_shared(self, keys: Sequence[str]) -> SharedPages:
+        """The prefix of `keys` other processes of the machine hold, read in place (no copy)."""
+        return self.pool.read_shared(self.session, keys)
+
+    def release(self) -> None:
+        self.pool.release(self.owner)
+        if self._run_locked:
+            self._run_locked = False
+            self.pool._meta(lambda: self.pool.store.unlock_run(self.session, self.owner))
+
+    async def __aenter__(self) -> KVSession:
+        done = self.pool._meta(lambda: self.pool.store.lock_run(self.session, self.owner, RUN_LOCK_TTL) or True)
+        self._run_locked = done is not None
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+class KVPools:
+    """The KV pools of one process (see the module docstring)."""
+
+    def __init__(
+        self,
+        globals_: Mapping[str, Mapping[str, Any]],
+        *,
+        deployment: str = "default",
+        meta_url: str | None = None,
+        disk_dir: str | Path | None = None,
+        node_prefix: str | None = None,
+        hasher: Hasher | None = None,
+        device: Any = "cpu",
+        store: MetaStore | None = None,
+    ) -> None:
+        self.globals = {name: dict(spec) for name, spec in globals_.items() if spec.get("kind") == "KVCache"}
+        self.deployment = deployment
+        self.meta_url = meta_url if meta_url is not None else (os.environ.get(META_ENV) or None)
+        self.disk_dir = disk_dir if disk_dir is not None else os.environ.get(DIR_ENV)
+        self.node_prefix = node_prefix
+        self.hasher = hasher
+        self.device = device
+        self._store = store
+        self.pools: dict[str, KVPool] = {}
+
+    def store(self) -> MetaStore:
+        if self._store is None:
+            try:
+                self._store = open_store(self.meta_url, self.deployment)
+            except MetaError as error:
+                raise KVError(
+                    f"the KV metadata store {self.meta_url} cannot be used ({error}); start it, or unset {META_ENV} "
+                    f"to keep KV metadata in this process"
+                ) from None
+        return self._store
+
+    def pool(self, name: str) -> KVPool:
+        pool = self.pools.get(name)
+        if pool is not None:
+            return pool
+        spec = self.globals.get(name)
+        if spec is None:
+            known = ", ".join(f"`{n}`" for n in sorted(self.globals)) or "none"
+            raise KVError(f"no `global {name}: KVCache {{ ... }}` in this flow (its KVCache globals: {known})")
+        layout = KVLayout.from_global(name, spec)
+        pages = tier_pages(layout, spec)
+        node = default_node(name) if self.node_prefix is None else f"{self.node_prefix}:{name}"
+        pool = self.pools[name] = KVPool(
+            layout,
+            device_pages=pages["device"],
+            host_pages=pages["host"],
+            disk_pages=pages["disk"],
+            disk_dir=self.disk_dir,
+            device=self.device,
+            store=self.store(),
+            deployment=self.deployment,
+            node=node,
+        )
+        return pool
+
+    def session(self, name: str, session: str, owner: str) -> KVSession:
+        return KVSession(self.pool(name), session, owner, self.hasher)
+
+    def statistics(self) -> dict:
+        return {name: pool.statistics() for name, pool in sorted(self.pools.items())}
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
+        if self._store is not None:
+            self._store.close()
+            self._store = None

@@ -1,0 +1,177 @@
+"""`ctx.kv(name)` in a real flow: a role that `uses kv` reuses its session's pages on turn 2
+(counted), under inproc and local; with two replicas and Redis metadata, turn 2 on the other
+replica process finds turn 1's pages in the first one's L2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch", reason="the KV pool's tiers are torch tensors (the torch extra)")
+
+import redis  # noqa: E402
+
+from tests.deploy.helpers import bundle_with_roles, calls, deployed, free_port  # noqa: E402
+from tests.params.test_meta_helpers import redis_server  # noqa: E402
+
+FLOW = """
+placeholder request: Json
+
+global kv: KVCache {
+    layers 2
+    page_tokens 16
+    slices [k, v]
+    heads 2
+    head_dim 4
+    capacity 1MiB
+}
+
+role llm {
+    impl "kv_roles:Llm"
+    replicas REPLICAS
+    lb round_robin
+    uses kv
+    interface generate { in request  out reply: Json }
+}
+
+role plain {
+    impl "kv_roles:Plain"
+    interface look { in reply  out seen: Json }
+}
+
+graph chat {
+    entry request
+    return reply
+}
+
+graph probe {
+    entry request
+    return seen
+}
+"""
+
+ROLES = """
+import os
+
+
+class Llm:
+    async def generate(self, ctx, request):
+        tokens = request["tokens"]
+        async with ctx.kv("kv") as kv:
+            keys = kv.keys(tokens)
+            hit = await kv.match(keys)
+            new = keys[hit.pages:]
+            slots = kv.allocate(new)
+            T = kv.layout.page_tokens
+            for i, slot in enumerate(slots):  # "prefill": page p's K/V is a function of its tokens
+                page = hit.pages + i
+                for sub in kv.layout.sub_names:
+                    for name in kv.layout.slice_names:
+                        kv.stack(sub, name)[slot] = float(sum(tokens[page * T:(page + 1) * T]) % 1000)
+            kv.commit(new, start=hit.pages)
+            values = [float(kv.stack("1", "v")[slot][3, 1, 2]) for slot in (*hit.slots, *slots)]
+        return {"reply": {"reused": hit.pages, "computed": len(new), "sources": list(hit.sources), "values": values,
+                          "pid": os.getpid()}}
+
+
+class Plain:
+    async def look(self, ctx, reply):
+        try:
+            ctx.kv("kv")
+        except LookupError as error:
+            return {"seen": str(error)}
+        return {"seen": "no error"}
+"""
+
+
+def expected(tokens: list[int]) -> list[float]:
+    return [float(sum(tokens[p * 16 : (p + 1) * 16]) % 1000) for p in range(len(tokens) // 16)]
+
+
+def build(tmp_path, replicas: int):
+    return bundle_with_roles(FLOW.replace("REPLICAS", str(replicas)), ROLES, tmp_path, module="kv_roles")
+
+
+async def two_turns(deployment) -> tuple[dict, dict]:
+    history = list(range(1, 70))  # 4 full pages and a partial one
+    first = await calls(deployment.runtime, "chat", {"request": {"tokens": history}}, session="u1")
+    longer = history + list(range(200, 240))  # 6 full pages
+    second = await calls(deployment.runtime, "chat", {"request": {"tokens": longer}}, session="u1")
+    one = next(e for e in first if e.get("field") == "reply")["value"]
+    two = next(e for e in second if e.get("field") == "reply")["value"]
+    assert one["values"] == expected(history) and two["values"] == expected(longer)
+    return one, two
+
+
+@pytest.mark.parametrize("deploy", ["inproc", "local"])
+def test_turn_two_computes_only_the_new_pages(tmp_path, deploy):
+    async def scenario():
+        async with deployed(build(tmp_path, 1), deploy) as deployment:
+            one, two = await two_turns(deployment)
+            assert (one["reused"], one["computed"]) == (0, 4)
+            assert (two["reused"], two["computed"]) == (4, 2)
+            assert set(two["sources"]) == {"device"}
+            if deploy == "inproc":  # the pool's figures are in the deployment's statistics, nothing left held
+                kv = (await deployment.statistics())["kv"]["kv"]
+                assert kv["committed_pages"] == 6 and kv["tiers"]["device"]["held_pages"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_role_that_does_not_use_the_global_is_told_how_to(tmp_path):
+    async def scenario():
+        async with deployed(build(tmp_path, 1), "inproc") as deployment:
+            events = await calls(deployment.runtime, "probe", {"request": {"tokens": [1]}})
+            seen = next(e for e in events if e.get("field") == "seen")["value"]
+            assert "does not use global `kv`" in seen and "uses kv" in seen
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (the CI machine has it)")
+def test_turn_two_on_the_other_replica_reads_turn_ones_pages_from_its_l2(tmp_path, monkeypatch):
+    port = free_port()
+    monkeypatch.setenv("FLOWRT_KV_META", f"redis://127.0.0.1:{port}/0")
+
+    async def scenario():
+        async with deployed(build(tmp_path, 2), "local") as deployment:
+            one, two = await two_turns(deployment)
+            assert one["pid"] != two["pid"]  # round robin: turn 2 ran in the other process
+            assert (two["reused"], two["computed"]) == (4, 2)
+            assert set(two["sources"]) == {"peer"}
+
+    with redis_server(port):
+        asyncio.run(scenario())
+
+
+def flowc(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flowc", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_kv_meta_refuses_what_is_not_a_store_url(tmp_path):
+    build(tmp_path, 1)
+    result = flowc(
+        "run", "pipeline.flow", "--once", "chat", "--input", '{"request": {"tokens": [1]}}', "--kv-meta", "http://x", cwd=tmp_path
+    )
+    assert result.returncode == 2 and "--kv-meta 'http://x'" in result.stderr and "redis://" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (the CI machine has it)")
+def test_kv_meta_reaches_the_replica_processes(tmp_path):
+    build(tmp_path, 1)
+    port = free_port()
+    with redis_server(port):
+        url = f"redis://127.0.0.1:{port}/0"
+        tokens = json.dumps({"request": {"tokens": list(range(40))}})
+        result = flowc(
+            "run", "pipeline.flow", "--once", "chat", "--input", tokens, "--deploy", "local", "--kv-meta", url, cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stderr
+        keys = redis.Redis(port=port).keys("*")
+        assert any(b"chain" in key for key in keys), keys  # the replica published its two pages there
