@@ -144,6 +144,13 @@ def test_turn_two_on_the_other_replica_reads_turn_ones_pages_from_its_l2(tmp_pat
             assert one["pid"] != two["pid"]  # round robin: turn 2 ran in the other process
             assert (two["reused"], two["computed"]) == (4, 2)
             assert set(two["sources"]) == {"peer"}
+            # turn 3, back on the first process: its own 4 pages, and the 2 the other one made from a peer's prefix
+            tokens = list(range(1, 70)) + list(range(200, 240)) + list(range(300, 340))
+            third = await calls(deployment.runtime, "chat", {"request": {"tokens": tokens}}, session="u1")
+            three = next(e for e in third if e.get("field") == "reply")["value"]
+            assert three["pid"] == one["pid"] and three["values"] == expected(tokens)
+            assert (three["reused"], three["computed"]) == (6, 3)
+            assert three["sources"] == ["device"] * 4 + ["peer"] * 2
 
     with redis_server(port):
         asyncio.run(scenario())
@@ -175,3 +182,56 @@ def test_kv_meta_reaches_the_replica_processes(tmp_path):
         assert result.returncode == 0, result.stderr
         keys = redis.Redis(port=port).keys("*")
         assert any(b"chain" in key for key in keys), keys  # the replica published its two pages there
+
+
+MISUSE = """
+import os
+
+
+class Llm:
+    async def generate(self, ctx, request):
+        kv = ctx.kv("kv")
+        problems = []
+        for attempt in (lambda: kv.allocate(["a"]), lambda: ctx.kv("nope")):
+            try:
+                attempt()
+            except Exception as error:  # noqa: BLE001
+                problems.append(f"{type(error).__name__}: {error}")
+        async with kv:
+            for bad in ("abc", ["a", "a"], ["a|b"], [1]):
+                try:
+                    kv.allocate(bad)
+                except Exception as error:  # noqa: BLE001
+                    problems.append(f"{type(error).__name__}: {error}")
+            with kv.read_shared(kv.keys(list(range(32)))) as shared:
+                try:
+                    shared.view(0)
+                except Exception as error:  # noqa: BLE001
+                    problems.append(f"{type(error).__name__}: {error} ({len(shared)} found)")
+        return {"reply": problems}
+
+
+class Plain:
+    async def look(self, ctx, reply):
+        return {"seen": None}
+"""
+
+
+def test_misuse_of_the_handle_is_one_clear_error_each(tmp_path):
+    async def scenario():
+        flow = FLOW.replace("REPLICAS", "1").replace("kv_roles:", "kv_misuse:")  # (inproc imports it here: a name of its own)
+        bundle = bundle_with_roles(flow, MISUSE, tmp_path, module="kv_misuse")
+        async with deployed(bundle, "inproc") as deployment:
+            events = await calls(deployment.runtime, "chat", {"request": {}})
+            problems = next(e for e in events if e.get("field") == "reply")["value"]
+            assert len(problems) == 7, problems
+            outside, unknown, one_string, twice, pipe, not_str, shared = problems
+            assert outside.startswith("KVError") and "async with ctx.kv('kv') as kv" in outside
+            assert unknown.startswith("LookupError") and "declares no `global nope: KVCache`" in unknown and "`kv`" in unknown
+            assert "not one string" in one_string and "appears twice" in twice
+            assert "'a|b'" in pipe and "not 1" in not_str
+            assert "is not one of the 0 found" in shared and "(0 found)" in shared
+            stats = (await deployment.statistics())["kv"]["kv"]
+            assert stats["tiers"]["device"]["held_pages"] == 0 and stats["tiers"]["device"]["owners"] == 0
+
+    asyncio.run(scenario())

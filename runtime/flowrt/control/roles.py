@@ -54,9 +54,12 @@ class Context:
     def kv(self, name: str = "kv") -> Any:
         """This session's handle on the KV pool of global `name` (flowrt.params.session.KVSession):
         the role must `uses` it, and the deployment gives pools where torch is installed."""
+        params = getattr(self.memory, "params", None)
+        if params is not None and name not in params.globals:
+            known = ", ".join(f"`{n}`" for n in sorted(params.globals)) or "none"
+            raise LookupError(f"ctx.kv({name!r}): the flow declares no `global {name}: KVCache`; its KVCache globals: {known}")
         if name not in self.globals:
             raise LookupError(f"role `{self.role}` does not use global `{name}`: add `uses {name}` to the role in the .flow file")
-        params = getattr(self.memory, "params", None)
         if params is None:
             raise RuntimeError(f"ctx.kv({name!r}): this process has no KV pools; they need the torch extra (pip install 'flowc[torch]')")
         return params.session(name, self.session, f"{self.session}/{self.call_id}/{self.role}.{self.interface}#{self.replica}")

@@ -49,6 +49,7 @@ log = logging.getLogger("flowrt.params")
 EVICTOR = "pool-evict"  # the owner of the pool's own eviction holds
 PROMOTER = "pool-promote"  # ... and of the sources of its promotions
 DONE, RETRY, REFUSED = "done", "retry", "refused"  # what publishing a session's chain came to
+UNKNOWN = ""  # a page of a session's chain this process does not know (never a page key)
 MAX_CHAINS = 4096  # sessions whose chains a pool remembers, to publish them again after a store lost them
 OFFLOAD_BYTES = 1 << 20  # a promotion this large copies on a worker thread, not on the event loop
 LOCK_TTL = 30.0  # seconds a replica lock outlives a reader that died holding it
@@ -210,6 +211,8 @@ class KVPool:
         if self.l2 is None:
             return DONE
         while True:
+            while start < len(chain) and chain[start] == UNKNOWN:  # a gap: from the first page known here
+                start += 1
             keys = chain[start:]
             slots = [self.l2.slot_of(key) for key in keys]
             cut = next((i for i, slot in enumerate(slots) if slot is None), len(keys))  # evicted since
@@ -222,7 +225,7 @@ class KVPool:
                 self._meta_failed(error)
                 return RETRY
             except MetaError as error:
-                if start == 0:
+                if start == 0 or UNKNOWN in chain[:start]:  # the whole chain, or all of it known here, was refused
                     self._meta_failed(error)
                     return REFUSED
                 start = 0
@@ -255,6 +258,8 @@ class KVPool:
         through to L2 and published as pages start.. of the session's chain (None: appended).
         Returns whether the metadata store took them (False: kept here, published later)."""
         keys = list(keys)
+        if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < 0):
+            raise SlotError(f"KV pool `{self.layout.name}`: commit(start={start!r}): start is a page position, an int >= 0")
         written = [key for key in keys if self.l1.slot_of(key) is not None and self.fresh(key, owner)]
         for key in written:
             self.l1.acquire(Tracker.ACTIVE, [key], owner)  # the writer keeps reading what it wrote
@@ -264,7 +269,8 @@ class KVPool:
             self._write_through(keys)
         chain = self._chains.pop(session, [])
         start = len(chain) if start is None else start
-        self._chains[session] = chain[:start] + keys  # (a new hash at a position cuts the chain there)
+        gap = [UNKNOWN] * (start - len(chain))  # pages before `start` this process never saw
+        self._chains[session] = chain[:start] + gap + keys  # (a new hash at a position cuts the chain there)
         while len(self._chains) > MAX_CHAINS:
             oldest = next(iter(self._chains))
             del self._chains[oldest]
@@ -397,6 +403,10 @@ class KVPool:
             self._unlock_peers(locked)
         for key in chosen:
             self.l1.touch(key)
+        chain = self._chains.get(session)
+        if chain is None or chain[: len(chosen)] != chosen:  # what this session's history is, as found
+            self._chains.pop(session, None)
+            self._chains[session] = list(chosen)
         return Prefix(len(chosen), tuple(slots), tuple(by_key[key].source for key in chosen), degraded)
 
     def _fitting(self, keys: list[str]) -> int:
@@ -575,12 +585,22 @@ class SharedPages:
 
     @property
     def pages(self) -> int:
+        """How many leading pages of the keys asked for were found (also `len()`)."""
+        return len(self.found)
+
+    def __len__(self) -> int:
         return len(self.found)
 
     def view(self, page: int, sub_names: Sequence[str] | None = None, slice_names: Sequence[str] | None = None) -> list:
-        """Zero-copy views (page_tokens, heads, head_dim) of page `page` of the match."""
+        """Zero-copy views (page_tokens, heads, head_dim) of page `page` of the match, one per
+        (sub, slice) of the Cartesian product, sub-major (None: all)."""
         if self.closed:
             raise SlotError("these shared pages were closed; read them again")
+        if not isinstance(page, int) or not 0 <= page < len(self.found):
+            raise SlotError(
+                f"shared page {page!r} is not one of the {len(self.found)} found (0..{len(self.found) - 1}); "
+                f"check `.pages` first: only pages other processes of this machine hold for this session are found"
+            )
         item = self.found[page]
         assert isinstance(item.tier, FlatTier) and item.slot is not None
         return item.tier.view(sub_names, item.slot, slice_names)

@@ -27,6 +27,7 @@ from flowrt.errors import FlowrtError
 from flowrt.params.layout import KVLayout
 from flowrt.params.meta import MetaError, MetaStore, open_store
 from flowrt.params.pool import KVPool, Prefix, SharedPages, default_node
+from flowrt.params.slots import SlotsExhausted
 
 DEFAULT_CAPACITY = 64 << 20  # bytes of each tier of a global that sets no `capacity`
 DEFAULT_TIERS = ("device", "host")
@@ -65,6 +66,7 @@ class KVSession:
         self.owner = owner
         self.hasher = hasher
         self._run_locked = False
+        self._entered = False
 
     @property
     def layout(self) -> KVLayout:
@@ -77,12 +79,42 @@ class KVSession:
         return self.hasher(tokens, self.layout.page_tokens)
 
     async def match(self, keys: Sequence[str]) -> Prefix:
-        """The longest cached prefix of `keys`, in L1 and held until `release`."""
-        return await self.pool.match(self.session, keys, self.owner)
+        """The longest cached prefix of `keys`, in L1 and held until the `async with` ends."""
+        keys = self._checked("match", keys)
+        try:
+            return await self.pool.match(self.session, keys, self.owner)
+        except SlotsExhausted as error:
+            raise self._full(error) from None
 
     def allocate(self, keys: Sequence[str]) -> list[int]:
         """L1 slots for pages `keys`: write the K/V of each `fresh` one there, then `commit`."""
-        return self.pool.allocate(keys, self.owner)
+        keys = self._checked("allocate", keys)
+        try:
+            return self.pool.allocate(keys, self.owner)
+        except SlotsExhausted as error:
+            raise self._full(error) from None
+
+    def _checked(self, what: str, keys: Sequence[str]) -> list[str]:
+        if not self._entered:
+            raise KVError(
+                f"kv.{what}() outside `async with ctx.kv({self.pool.layout.name!r}) as kv:`: the pages it holds are "
+                f"released when that block ends, so use the handle inside one"
+            )
+        if isinstance(keys, str | bytes):
+            raise KVError(f"kv.{what}() takes a list of page keys (from kv.keys(tokens)), not one string")
+        keys = list(keys)
+        bad = next((key for key in keys if not isinstance(key, str) or not key or "|" in key), None)
+        if bad is not None:
+            raise KVError(f"kv.{what}(): page keys are non-empty strings without '|' (use kv.keys(tokens)), not {bad!r}")
+        if len(set(keys)) != len(keys):
+            raise KVError(f"kv.{what}(): a page key appears twice; the keys of one history are all different")
+        return keys
+
+    def _full(self, error: SlotsExhausted) -> KVError:
+        return KVError(
+            f"the device tier of global `{self.pool.layout.name}` is full: every slot holds a page some request is "
+            f"using ({error}). Give the global more `capacity`, or let fewer requests run at once"
+        )
 
     def fresh(self, key: str) -> bool:
         """Whether `key` was allocated new for this handle (False: another request made it)."""
@@ -91,7 +123,7 @@ class KVSession:
     def commit(self, keys: Sequence[str], start: int | None = None) -> bool:
         """Pages `keys` are written: share them as pages start.. of the session's history.
         False when the metadata store could not take them (they stay here; retried later)."""
-        return self.pool.commit(self.session, keys, self.owner, start)
+        return self.pool.commit(self.session, self._checked("commit", keys), self.owner, start)
 
     def stack(self, sub: str, slice_: str) -> Any:
         """L1 block stack (slots, page_tokens, heads, head_dim) of chunk (sub, slice)."""
@@ -102,7 +134,7 @@ class KVSession:
 
     def read_shared(self, keys: Sequence[str]) -> SharedPages:
         """The prefix of `keys` other processes of the machine hold, read in place (no copy)."""
-        return self.pool.read_shared(self.session, keys)
+        return self.pool.read_shared(self.session, self._checked("read_shared", keys))
 
     def release(self) -> None:
         self.pool.release(self.owner)
@@ -111,11 +143,13 @@ class KVSession:
             self.pool._meta(lambda: self.pool.store.unlock_run(self.session, self.owner))
 
     async def __aenter__(self) -> KVSession:
+        self._entered = True
         done = self.pool._meta(lambda: self.pool.store.lock_run(self.session, self.owner, RUN_LOCK_TTL) or True)
         self._run_locked = done is not None
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._entered = False
         self.release()
 
 

@@ -155,7 +155,7 @@ ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3": 1, "int8
 
 @register
 class KVCacheSize(Check):
-    codes = {"E128": "a `KVCache` global whose tiers cannot hold a page"}
+    codes = {"E128": "a `KVCache` global that cannot hold pages (no page fits, no device tier, repeated slices or tiers)"}
 
     def run(self, program: Program) -> Iterator[Diagnostic]:
         for decl in program.globals.values():
@@ -164,12 +164,23 @@ class KVCacheSize(Check):
             read = schema.interpret(decl.entries, schema.GLOBAL_KINDS["KVCache"])
             values, settings = read.values, read.settings
             tiers = values.get("tiers")
-            if isinstance(tiers, tuple) and "device" not in tiers:
+            if isinstance(tiers, tuple) and (
+                tiers[:1] != ("device",) or list(tiers) != sorted(set(tiers), key=schema.TIERS.index)
+            ):
                 yield Diagnostic(
                     "E128",
-                    f"global `{decl.name.text}` has no `device` tier",
+                    f"global `{decl.name.text}`: tiers {list(tiers)} are not distinct tiers, fastest first, starting with `device`",
                     settings["tiers"].span,
-                    "list `device` first: it is the tier attention reads pages from, e.g. `tiers [device, host]`",
+                    "list each tier once, in the order device, host, disk (device is required: attention reads pages "
+                    "from it), e.g. `tiers [device, host]`",
+                )
+            slices = values.get("slices")
+            if isinstance(slices, tuple) and len(set(slices)) != len(slices):
+                yield Diagnostic(
+                    "E128",
+                    f"global `{decl.name.text}`: slices {list(slices)} name a slice twice",
+                    settings["slices"].span,
+                    "name each slice once, e.g. `slices [k, v]`",
                 )
             numbers = [
                 values.get(key, default) for key, default in (("layers", 1), ("page_tokens", 16), ("heads", 1), ("head_dim", 1))
