@@ -228,7 +228,7 @@ def test_misuse_of_the_handle_is_one_clear_error_each(tmp_path):
             outside, unknown, one_string, twice, pipe, not_str, shared = problems
             assert outside.startswith("KVError") and "async with ctx.kv('kv') as kv" in outside
             assert unknown.startswith("LookupError") and "declares no `global nope: KVCache`" in unknown and "`kv`" in unknown
-            assert "not one string" in one_string and "appears twice" in twice
+            assert "not 'abc'" in one_string and "appears twice" in twice
             assert "'a|b'" in pipe and "not 1" in not_str
             assert "is not one of the 0 found" in shared and "(0 found)" in shared
             stats = (await deployment.statistics())["kv"]["kv"]

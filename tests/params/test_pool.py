@@ -13,7 +13,6 @@ torch = pytest.importorskip("torch", reason="the KV pool's tiers are torch tenso
 from flowrt.params.layout import KVLayout  # noqa: E402
 from flowrt.params.meta import EmbeddedStore  # noqa: E402
 from flowrt.params.pool import KVPool  # noqa: E402
-from flowrt.params.slots import SlotsExhausted  # noqa: E402
 
 LAYOUT = KVLayout("kv", ("0", "1"), ("k", "v"), page_tokens=4, heads=2, head_dim=3, dtype="float32")
 
@@ -137,10 +136,14 @@ async def test_a_run_lock_keeps_a_sessions_pages_in_l2(pool):
     kv = pool(device=4, host=4)
     write(kv, "s1", keys("a", 4), seed=8)
     kv.store.lock_run("s1", "turn", 60)
-    with pytest.raises(SlotsExhausted, match="capacity"):
-        write(kv, "s2", keys("b", 4), seed=9)
-    assert kv.counters.evictions_refused >= 4
+    slots = kv.allocate(keys("b", 4), "w")
+    fill(kv, slots, seed=9)
+    assert kv.commit("s2", keys("b", 4), "w") is False  # L2 has no room: they stay in L1, readable
+    kv.release("w")
+    assert kv.counters.evictions_refused >= 4 and kv.counters.write_through_refused == 4
     assert all(kv.l2.slot_of(key) is not None for key in keys("a", 4))
+    assert all(kv.committed(key) and kv.l2.slot_of(key) is None for key in keys("b", 4))
+    kv.l1.remove(keys("b", 4))
     kv.store.unlock_run("s1", "turn")
     write(kv, "s2", keys("b", 4), seed=9)
     assert kv.l2.slot_of("b0000") is not None
@@ -167,3 +170,63 @@ def test_close_removes_the_tier_files_and_leaves_the_store(pool, tmp_path):
     kv.close()
     assert not path.exists() and not disk.exists()  # (L3 pages are this node's alone: nobody reopens them)
     assert not kv.store.node_alive("n1")
+
+
+@sync
+async def test_a_page_allocated_and_never_committed_is_never_read(pool):
+    kv = pool()
+    kv.allocate(keys("a", 2), "writer")  # its request fails before writing anything
+    assert (await kv.match("s", keys("a", 2), "reader")).pages == 0  # not readable while being written
+    kv.release("writer")
+    assert kv.l1.slot_of("a0000") is None and kv.l1.statistics()["free"] == 8  # dropped, not cached
+    assert (await kv.match("s", keys("a", 2), "reader")).pages == 0
+
+
+def test_two_requests_writing_one_page_never_share_unwritten_data(pool):
+    kv = pool()
+    (first,) = kv.allocate(["p"], "A")
+    (second,) = kv.allocate(["p"], "B")
+    assert first != second and kv.fresh("p", "A") and kv.fresh("p", "B")  # B writes a private copy
+    fill(kv, [second], seed=5)
+    kv.commit("s2", ["p"], "B")  # A is still writing p: B's copy stays B's
+    assert not kv.committed("p") and kv.l2.slot_of("p") is None
+    written = fill(kv, [first], seed=7)[first]
+    kv.commit("s1", ["p"], "A")
+    assert torch.equal(torch.stack(kv.host.view(None, kv.l2.slot_of("p"))), written)
+    kv.release("A")
+    kv.release("B")
+    (slot,) = kv.allocate(["q"], "C")
+    (other,) = kv.allocate(["q"], "D")
+    copy = fill(kv, [other], seed=9)[other]
+    kv.release("C")  # C gives up: D's copy becomes the page
+    kv.commit("s3", ["q"], "D")
+    assert kv.committed("q") and torch.equal(page_in_l1(kv, kv.l1.slot_of("q")), copy)
+    kv.release("D")
+    assert kv.l1.statistics()["held_pages"] == 0
+
+
+def test_commit_of_pages_nobody_allocated_is_refused(pool):
+    kv = pool()
+    with pytest.raises(Exception, match="did not allocate"):
+        kv.commit("s", ["never"], "writer")
+
+
+def test_a_commit_when_a_heartbeat_is_due_publishes_once(tmp_path):
+    now = [0.0]
+    kv = KVPool(LAYOUT, device_pages=8, host_pages=8, store=EmbeddedStore("t"), deployment="t", node="n", clock=lambda: now[0])
+    try:
+        write(kv, "s", keys("a", 1), seed=1)
+        now[0] += kv.node_ttl  # the next call renews the node (and publishes what waits) first
+        write(kv, "s", keys("b", 1), seed=2)
+        assert kv.store.chain(kv.layout_id, "s") == ["a0000", "b0000"]
+    finally:
+        kv.close()
+
+
+def test_a_view_of_one_layer_named_alone_is_that_layer(pool):
+    kv = pool()
+    stacks = [kv.device.stack("1", "k"), kv.device.stack("1", "v")]
+    views = kv.device.view("1", 3)  # not the layers "1" and then ... of the string's characters
+    assert [v.data_ptr() for v in views] == [s[3].data_ptr() for s in stacks]
+    with pytest.raises(Exception, match="whole number"):
+        kv.device.view(None, True)

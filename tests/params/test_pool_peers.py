@@ -171,3 +171,39 @@ def test_a_failing_script_is_named_and_nothing_is_dropped():
             assert all(pool.l1.slot_of(key) is not None for key in keys("b", 2))
         finally:
             pool.close()
+
+
+def test_odd_descriptors_are_ignored_and_never_block(tmp_path):
+    from flowrt.memory import slab
+    from flowrt.params import peers as peers_
+
+    digest = peers_._digest("odd", "victim")
+    shm = slab.shm_dir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    made = []
+
+    def plant(pid: int, host: str) -> None:
+        path = shm / f"{slab.PREFIX}{pid}-kvnode-{digest}"
+        text = {"version": 1, "deployment": "odd", "node": "victim", "layout_id": LAYOUT.layout_id(), "host_path": host,
+                "host_slots": 4, "pid": pid}  # fmt: skip
+        path.write_text(json.dumps(text))
+        made.append(path)
+
+    fifo = shm / f"{slab.PREFIX}{os.getpid()}-kvnode-{digest}"
+    os.mkfifo(fifo)  # read naively, a FIFO blocks forever
+    made.append(fifo)
+    outside = tmp_path / f"{slab.PREFIX}{os.getpid()}-kv-x"
+    outside.write_bytes(bytes(4 * LAYOUT.page_bytes))
+    try:
+        plant(dead.pid, str(shm / f"{slab.PREFIX}{dead.pid}-kv-gone"))  # its process is gone
+        peers = peers_.Peers("odd", LAYOUT)
+        assert peers.find("victim") is None
+        for path in made:
+            path.unlink()
+        made.clear()
+        plant(os.getpid(), str(outside))  # a live process, but its "L2" is not in the shared-memory directory
+        assert peers.find("victim") is None
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)

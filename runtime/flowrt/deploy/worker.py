@@ -135,7 +135,12 @@ class Replica:
 
     async def open(self) -> None:
         self.open_memory()
-        kvpools.attach(self.memory, self.bundle.plan, self.config["deployment"], f"{socket.gethostname()}:{os.getpid()}")
+        kvpools.attach(
+            self.memory,
+            self.bundle.plan,
+            self.config["deployment"],
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+        )
         cls = impls.import_impl(self.spec, self.python_path, self.bundle.path)
         self.instance = impls.construct(self.spec, cls, self.python_path, count=1)[0]
         impls.check_instance(self.spec, self.instance)

@@ -105,9 +105,10 @@ class KVLayout:
     def cartesian(
         self, sub_names: Iterable[str] | None = None, slice_names: Iterable[str] | None = None
     ) -> list[tuple[str, str]]:
-        """The (sub, slice) pairs of a view, sub-major (None: all of that dimension), checked."""
-        subs = tuple(self.sub_names if sub_names is None else sub_names)
-        slices = tuple(self.slice_names if slice_names is None else slice_names)
+        """The (sub, slice) pairs of a view, sub-major (None: all of that dimension; one name
+        alone: that one), checked."""
+        subs = (sub_names,) if isinstance(sub_names, str) else tuple(self.sub_names if sub_names is None else sub_names)
+        slices = (slice_names,) if isinstance(slice_names, str) else tuple(self.slice_names if slice_names is None else slice_names)
         pairs = [(sub, slice_) for sub in subs for slice_ in slices]
         for sub, slice_ in pairs:
             self.chunk_index(sub, slice_)

@@ -5,7 +5,9 @@ its pages: its deployment, node name, layout id, the path and slot count of its 
 process of the machine that learns from the metadata store that node N provides a page at slot
 S reads N's descriptor, maps N's L2 file (the same physical memory: no copy) and reads slot S.
 
-Descriptors are named like the data plane's other shared files (`flowrt-mem-PID-...`), so the
+A reader trusts a descriptor only when it is a regular file of its own user, named by and
+naming a live process of that user, whose L2 file is that process's own in the shared-memory
+directory. Descriptors are named like the data plane's other shared files (`flowrt-mem-PID-...`), so the
 sweep that removes a dead process's files (flowrt.memory.slab.sweep) removes its descriptors
 too. A node on another machine has no descriptor here: `find` answers None and the reader
 recomputes (moving pages between machines is not this module's job).
@@ -17,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +63,33 @@ class Descriptor:
         if descriptor.version != VERSION or descriptor.host_slots < 1:
             return None
         return descriptor
+
+
+def _read_own_file(path: Path, limit: int = 4096) -> str | None:
+    """The text of `path` if it is a small regular file of this user (never blocks on a FIFO)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > limit:
+            return None
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return False  # another user's process (or no valid pid): not a peer of ours
+    return pid > 0
 
 
 def announce(deployment: str, node: str, layout: KVLayout, host: HostTier) -> Path:
@@ -116,18 +146,28 @@ class Peers:
         return tier
 
     def _read(self, node: str) -> Descriptor | None:
+        """The live descriptor of `node`: a regular file of this user, naming a live process of
+        this user and that process's own L2 file (anything else is ignored, never trusted)."""
         pattern = f"{slab.PREFIX}*-kvnode-{_digest(self.deployment, node)}"
         for path in sorted(slab.shm_dir().glob(pattern)):
+            descriptor = Descriptor.parse(_read_own_file(path) or "")
+            if (
+                descriptor is None
+                or descriptor.deployment != self.deployment
+                or descriptor.node != node
+                or descriptor.layout_id != self.layout.layout_id()
+                or not path.name.startswith(f"{slab.PREFIX}{descriptor.pid}-")
+                or not _alive(descriptor.pid)
+            ):
+                continue
+            host = Path(descriptor.host_path)
+            if host.parent != slab.shm_dir() or not host.name.startswith(f"{slab.PREFIX}{descriptor.pid}-"):
+                continue
             try:
-                descriptor = Descriptor.parse(path.read_text(encoding="utf-8"))
+                info = host.lstat()
             except OSError:
                 continue
-            if (
-                descriptor is not None
-                and descriptor.deployment == self.deployment
-                and descriptor.node == node
-                and descriptor.layout_id == self.layout.layout_id()
-            ):
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
                 return descriptor
         return None
 

@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import logging
 import os
+import secrets
 import socket
 import tempfile
 import time
@@ -39,9 +40,9 @@ from typing import Any
 
 from flowrt.params import peers as peers_
 from flowrt.params.layout import KVLayout
-from flowrt.params.meta import EmbeddedStore, MetaError, MetaStore, MetaUnavailable
+from flowrt.params.meta import EmbeddedStore, MetaError, MetaScriptError, MetaStore, MetaUnavailable
 from flowrt.params.meta.types import EVICTED, LAST_REPLICA
-from flowrt.params.slots import SlotEngine, SlotError, SlotsExhausted, Tracker
+from flowrt.params.slots import PageLoadAbandoned, SlotEngine, SlotError, SlotsExhausted, Tracker
 from flowrt.params.tiers import CopyStats, DeviceTier, DiskTier, FlatTier, HostTier, Tier, copy_slots
 
 log = logging.getLogger("flowrt.params")
@@ -49,6 +50,7 @@ log = logging.getLogger("flowrt.params")
 EVICTOR = "pool-evict"  # the owner of the pool's own eviction holds
 PROMOTER = "pool-promote"  # ... and of the sources of its promotions
 DONE, RETRY, REFUSED = "done", "retry", "refused"  # what publishing a session's chain came to
+ALIAS = "~"  # joins a page key and a number: the key of a request's private copy of a page
 UNKNOWN = ""  # a page of a session's chain this process does not know (never a page key)
 MAX_CHAINS = 4096  # sessions whose chains a pool remembers, to publish them again after a store lost them
 OFFLOAD_BYTES = 1 << 20  # a promotion this large copies on a worker thread, not on the event loop
@@ -63,6 +65,8 @@ class PoolCounters:
     demoted_pages: int = 0  # copied down (L1 -> L2, L2 -> L3)
     peer_pages: int = 0  # read from another process's L2
     evictions_refused: int = 0  # L2 pages the metadata guards kept
+    write_through_refused: int = 0  # committed pages L2 had no room for (they stayed in L1)
+    publish_refused: int = 0  # pages the metadata store refused (a gap in the session's chain)
     copy_segments: int = 0
     copy_bytes: int = 0
     meta_errors: int = 0
@@ -91,7 +95,9 @@ class _Found:
 
 
 def default_node(name: str) -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{name}"
+    """This process's node name: host, pid, and a random incarnation (a pid reused after a
+    restart, in a container say, must never inherit the metadata of the process before it)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}:{name}"
 
 
 class KVPool:
@@ -131,6 +137,9 @@ class KVPool:
         self.l3: SlotEngine | None = None
         self._descriptor: Path | None = None
         self._published: set[str] = set()  # L2 pages the metadata store lists for this node
+        self._writing: dict[str, str] = {}  # page -> the request writing it (allocated, not committed)
+        self._aliases: dict[tuple[str, str], str] = {}  # (request, page) -> its private slot's key
+        self._aliases_made = itertools.count()
         self._chains: dict[str, list[str]] = {}  # session -> its pages as committed here (recent last)
         self._unpublished: dict[str, int] = {}  # session -> first page the store has not taken
         self._beat_at: float | None = None
@@ -226,7 +235,13 @@ class KVPool:
                 return RETRY
             except MetaError as error:
                 if start == 0 or UNKNOWN in chain[:start]:  # the whole chain, or all of it known here, was refused
-                    self._meta_failed(error)
+                    if isinstance(error, MetaScriptError):
+                        self._meta_failed(error)
+                    else:  # a refusal (a gap the store does not know), not a failing store
+                        self.counters.publish_refused += len(keys)
+                        log.info(
+                            "KV pool `%s`: the metadata store refused session %s's pages: %s", self.layout.name, session, error
+                        )
                     return REFUSED
                 start = 0
                 continue
@@ -238,35 +253,68 @@ class KVPool:
     # ── writing ──
 
     def allocate(self, keys: Sequence[str], owner: str) -> list[int]:
-        """L1 slots for pages `keys`, held for `owner`: new pages held as its write (write their
-        K/V there, then `commit`); a page that is already resident (another request made it) is
-        held as its read and needs no writing. `fresh(key, owner)` tells them apart."""
+        """L1 slots for pages `keys`, held for `owner`. A page nobody has is new: `owner` writes
+        its K/V there, then `commit`s it; until then no match sees it, and if `owner` releases
+        it uncommitted it is dropped. A committed resident page is held as a read and needs no
+        writing. A page another request is still writing gets a private slot of `owner`'s own
+        (its data is not there yet). `fresh(key, owner)` tells whether to write."""
         keys = list(keys)
         new = [key for key in keys if self.l1.slot_of(key) is None]
-        if new:
-            self.l1.allocate(new, writer=owner)
-        old = [key for key in keys if key not in new]
+        taken = [key for key in keys if self._writing.get(key, owner) != owner]
+        try:
+            if new:
+                self.l1.allocate(new, writer=owner)
+                self._writing.update(dict.fromkeys(new, owner))
+            for key in taken:
+                alias = f"{key}{ALIAS}{next(self._aliases_made)}"
+                self.l1.allocate([alias], writer=owner)
+                self._aliases[(owner, key)] = alias
+        except SlotsExhausted:
+            self._drop_uncommitted(owner, new + taken)
+            raise
+        old = [key for key in keys if key not in new and key not in taken and self._writing.get(key) != owner]
         if old:
             self.l1.acquire(Tracker.ACTIVE, old, owner)
-        return [self.l1.slot_of(key) for key in keys]  # type: ignore[misc]
+        return [self._slot_for(key, owner) for key in keys]
+
+    def _slot_for(self, key: str, owner: str) -> int:
+        alias = self._aliases.get((owner, key))
+        slot = self.l1.slot_of(alias if alias is not None else key)
+        assert slot is not None
+        return slot
 
     def fresh(self, key: str, owner: str) -> bool:
-        return owner in self.l1.trackers(key).write_tasks
+        return self._writing.get(key) == owner or (owner, key) in self._aliases
+
+    def committed(self, key: str) -> bool:
+        """Whether page `key` is readable in L1 (resident, written and committed)."""
+        return self.l1.slot_of(key) is not None and key not in self._writing
 
     def commit(self, session: str, keys: Sequence[str], owner: str, start: int | None = None) -> bool:
         """The K/V of `keys` (allocated by `owner`) are written: they become readable, are copied
         through to L2 and published as pages start.. of the session's chain (None: appended).
-        Returns whether the metadata store took them (False: kept here, published later)."""
+        Returns whether the metadata store took them all (False: kept here, published later, or
+        L2 had no room for them)."""
         keys = list(keys)
         if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < 0):
             raise SlotError(f"KV pool `{self.layout.name}`: commit(start={start!r}): start is a page position, an int >= 0")
-        written = [key for key in keys if self.l1.slot_of(key) is not None and self.fresh(key, owner)]
-        for key in written:
-            self.l1.acquire(Tracker.ACTIVE, [key], owner)  # the writer keeps reading what it wrote
-            self.l1.finish_write(key, owner)
-        self.counters.committed_pages += len(written)
+        strangers = [k for k in keys if not self.fresh(k, owner) and not self.committed(k)]
+        if strangers:
+            raise SlotError(
+                f"KV pool `{self.layout.name}`: commit() of page(s) {strangers[:3]} that this request did not allocate "
+                f"(and nobody committed): allocate them, write their K/V, then commit"
+            )
+        for key in keys:
+            if self._writing.get(key) == owner:
+                del self._writing[key]
+                self.l1.acquire(Tracker.ACTIVE, [key], owner)  # the writer keeps reading what it wrote
+                self.l1.finish_write(key, owner)
+                self.counters.committed_pages += 1
+            elif (owner, key) in self._aliases:
+                self._settle_alias(owner, key)
+        stored = True
         if self.l2 is not None:
-            self._write_through(keys)
+            stored = self._write_through([key for key in keys if self.committed(key)])
         chain = self._chains.pop(session, [])
         start = len(chain) if start is None else start
         gap = [UNKNOWN] * (start - len(chain))  # pages before `start` this process never saw
@@ -276,20 +324,58 @@ class KVPool:
             del self._chains[oldest]
             self._unpublished.pop(oldest, None)
         self._unpublished[session] = min(start, self._unpublished.get(session, start))
-        self.keep_alive()
-        outcome = RETRY if self.last_meta_error is not None else self._publish_now(session, self._unpublished[session])
+        self.keep_alive()  # (which may publish the session itself)
+        first = self._unpublished.get(session)
+        if first is None:
+            return stored
+        outcome = RETRY if self.last_meta_error is not None else self._publish_now(session, first)
         if outcome != RETRY:
             self._unpublished.pop(session, None)
-        return outcome == DONE
+        return stored and outcome == DONE
 
-    def _write_through(self, keys: list[str]) -> None:
+    def _settle_alias(self, owner: str, key: str) -> None:
+        """`owner` wrote `key` into a private slot while another request was writing it too: the
+        private copy becomes the page if the other gave up, else it goes (the other's is the same)."""
+        alias = self._aliases.pop((owner, key))
+        if self.l1.slot_of(key) is None:
+            target = self.l1.write(alias, owner, key)  # renamed in place: nobody else holds it
+            self.l1.acquire(Tracker.ACTIVE, [target.key], owner)
+            self.l1.finish_write(target.key, owner)
+            self.counters.committed_pages += 1
+        else:
+            self.l1.release([alias], owner, Tracker.WRITE)
+            self.l1.remove([alias])
+
+    def _drop_uncommitted(self, owner: str, keys: Sequence[str] | None = None) -> None:
+        """Forget pages `owner` allocated and never committed (all of them by default): their
+        slots hold no valid data, so no lookup may ever find them."""
+        mine = [key for key, writer in self._writing.items() if writer == owner and (keys is None or key in keys)]
+        aliases = [alias for (who, key), alias in self._aliases.items() if who == owner and (keys is None or key in keys)]
+        for key in mine:
+            del self._writing[key]
+        for who, key in [pair for pair, alias in self._aliases.items() if alias in aliases]:
+            del self._aliases[(who, key)]
+        for key in mine + aliases:
+            self.l1.release([key], owner, Tracker.WRITE)
+            self.l1.release([key], owner, Tracker.ACTIVE)
+            if self.l1.slot_of(key) is not None and self.l1.trackers(key).idle():
+                self.l1.remove([key])
+
+    def _write_through(self, keys: list[str]) -> bool:
+        """Copy committed pages L2 lacks into L2; False when L2 has no room (they stay in L1)."""
         assert self.l2 is not None and self.host is not None
         missing = [key for key in keys if self.l2.slot_of(key) is None and self.l1.slot_of(key) is not None]
         if not missing:
-            return
-        self._make_room(len(missing))
+            return True
+        try:
+            self._make_room(len(missing))
+        except SlotsExhausted as error:
+            self.counters.write_through_refused += len(missing)
+            log.warning("%s; the pages stay in this process's device tier", error)
+            return False
         host_slots = self.l2.allocate(missing)
         self._count(copy_slots(self.device, [self.l1.slot_of(key) for key in missing], self.host, host_slots))
+        return True
 
     def _make_room(self, wanted: int) -> None:
         """Free `wanted` L2 slots: idle pages, coldest first, that the metadata guards let go.
@@ -388,10 +474,13 @@ class KVPool:
                 degraded = self.last_meta_error
             else:
                 found.extend(self._peer_pages(keys, remote, len(found)))
+        cut = next((i for i, item in enumerate(found) if item.key in self._writing), len(found))
+        found = found[:cut]  # (a page being written here is not readable, wherever else it lies)
         locked = found
         found = self._lock_peers(locked)
         chosen = [item.key for item in found]
         by_key = {item.key: item for item in found}
+        retries = 0
         try:
             while True:
                 try:
@@ -399,6 +488,10 @@ class KVPool:
                     break
                 except SlotsExhausted:  # L1 cannot take them all (held by others): the prefix it can take
                     chosen = chosen[: self._fitting(chosen)]
+                except PageLoadAbandoned:  # the request loading some of them was cancelled: load them ourselves
+                    retries += 1
+                    if retries > 3:
+                        raise
         finally:
             self._unlock_peers(locked)
         for key in chosen:
@@ -445,6 +538,8 @@ class KVPool:
     def _local_prefix(self, keys: list[str]) -> list[_Found]:
         found: list[_Found] = []
         for key in keys:
+            if key in self._writing:  # allocated, not yet written: nothing to read there
+                break
             if self.l1.slot_of(key) is not None:
                 found.append(_Found(key, "device"))
             elif self.l2 is not None and key in self.l2:
@@ -526,7 +621,9 @@ class KVPool:
         return SharedPages(self, found)
 
     def release(self, owner: str) -> None:
-        """Drop every hold `owner` has on this pool's pages."""
+        """Drop every hold `owner` has on this pool's pages, and the pages it allocated but never
+        committed (their slots hold no valid K/V)."""
+        self._drop_uncommitted(owner)
         for engine in (self.l1, self.l2, self.l3):
             if engine is not None:
                 engine.release_owner(owner)

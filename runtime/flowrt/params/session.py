@@ -27,7 +27,7 @@ from flowrt.errors import FlowrtError
 from flowrt.params.layout import KVLayout
 from flowrt.params.meta import MetaError, MetaStore, open_store
 from flowrt.params.pool import KVPool, Prefix, SharedPages, default_node
-from flowrt.params.slots import SlotsExhausted
+from flowrt.params.slots import PageLoadAbandoned, SlotError, SlotsExhausted
 
 DEFAULT_CAPACITY = 64 << 20  # bytes of each tier of a global that sets no `capacity`
 DEFAULT_TIERS = ("device", "host")
@@ -85,6 +85,8 @@ class KVSession:
             return await self.pool.match(self.session, keys, self.owner)
         except SlotsExhausted as error:
             raise self._full(error) from None
+        except PageLoadAbandoned as error:
+            raise KVError(f"kv.match(): {error}, again and again; try the call again") from None
 
     def allocate(self, keys: Sequence[str]) -> list[int]:
         """L1 slots for pages `keys`: write the K/V of each `fresh` one there, then `commit`."""
@@ -100,12 +102,12 @@ class KVSession:
                 f"kv.{what}() outside `async with ctx.kv({self.pool.layout.name!r}) as kv:`: the pages it holds are "
                 f"released when that block ends, so use the handle inside one"
             )
-        if isinstance(keys, str | bytes):
-            raise KVError(f"kv.{what}() takes a list of page keys (from kv.keys(tokens)), not one string")
+        if isinstance(keys, str | bytes) or not hasattr(keys, "__iter__"):
+            raise KVError(f"kv.{what}() takes a list of page keys (from kv.keys(tokens)), not {keys!r:.60}")
         keys = list(keys)
-        bad = next((key for key in keys if not isinstance(key, str) or not key or "|" in key), None)
+        bad = next((key for key in keys if not isinstance(key, str) or not key or "|" in key or "~" in key), None)
         if bad is not None:
-            raise KVError(f"kv.{what}(): page keys are non-empty strings without '|' (use kv.keys(tokens)), not {bad!r}")
+            raise KVError(f"kv.{what}(): page keys are non-empty strings without '|' or '~' (use kv.keys(tokens)), not {bad!r}")
         if len(set(keys)) != len(keys):
             raise KVError(f"kv.{what}(): a page key appears twice; the keys of one history are all different")
         return keys
@@ -123,7 +125,10 @@ class KVSession:
     def commit(self, keys: Sequence[str], start: int | None = None) -> bool:
         """Pages `keys` are written: share them as pages start.. of the session's history.
         False when the metadata store could not take them (they stay here; retried later)."""
-        return self.pool.commit(self.session, self._checked("commit", keys), self.owner, start)
+        try:
+            return self.pool.commit(self.session, self._checked("commit", keys), self.owner, start)
+        except SlotError as error:
+            raise KVError(str(error)) from None
 
     def stack(self, sub: str, slice_: str) -> Any:
         """L1 block stack (slots, page_tokens, heads, head_dim) of chunk (sub, slice)."""
@@ -200,7 +205,18 @@ class KVPools:
         layout = KVLayout.from_global(name, spec)
         pages = tier_pages(layout, spec)
         node = default_node(name) if self.node_prefix is None else f"{self.node_prefix}:{name}"
-        pool = self.pools[name] = KVPool(
+        try:
+            pool = self._make(name, layout, pages, node)
+        except OSError as error:
+            raise KVError(
+                f"global `{name}`: its tiers cannot be made ({error}); check {DIR_ENV} (the disk tier's directory) and "
+                f"the free space of /dev/shm (the host tier)"
+            ) from None
+        self.pools[name] = pool
+        return pool
+
+    def _make(self, name: str, layout: KVLayout, pages: dict[str, int], node: str) -> KVPool:
+        return KVPool(
             layout,
             device_pages=pages["device"],
             host_pages=pages["host"],
@@ -211,7 +227,6 @@ class KVPools:
             deployment=self.deployment,
             node=node,
         )
-        return pool
 
     def session(self, name: str, session: str, owner: str) -> KVSession:
         return KVSession(self.pool(name), session, owner, self.hasher)

@@ -85,6 +85,8 @@ class Tier:
         return f"the {self.kind} tier of `{self.layout.name}` (slots 0..{self.slots - 1})"
 
     def check_slot(self, slot: int) -> int:
+        if isinstance(slot, bool):
+            raise LayoutError(f"{self.describe()}: a slot is a whole number, not {slot!r}")
         try:
             value = operator.index(slot)
         except TypeError:
