@@ -108,7 +108,9 @@ class KVLayout:
         """The (sub, slice) pairs of a view, sub-major (None: all of that dimension; one name
         alone: that one), checked."""
         subs = (sub_names,) if isinstance(sub_names, str) else tuple(self.sub_names if sub_names is None else sub_names)
-        slices = (slice_names,) if isinstance(slice_names, str) else tuple(self.slice_names if slice_names is None else slice_names)
+        slices = (
+            (slice_names,) if isinstance(slice_names, str) else tuple(self.slice_names if slice_names is None else slice_names)
+        )
         pairs = [(sub, slice_) for sub in subs for slice_ in slices]
         for sub, slice_ in pairs:
             self.chunk_index(sub, slice_)
