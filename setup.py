@@ -5,6 +5,9 @@ typed by the .pxd beside each, and this build records the SHA-256 of the sources
 extension it writes, so flowrt can tell a fresh extension from a stale one. Without Cython or
 a C compiler the package still installs: flowrt then runs the same modules as Python, slower
 (docs/runtime.md, "The compiled core").
+
+It also compiles flowrt.compute's page hashing (flowrt.compute.native) from its .pyx and headers;
+that extension carries the digest of its sources inside it instead of in the manifest.
 """
 
 from __future__ import annotations
@@ -18,17 +21,19 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 CORE = HERE / "runtime" / "flowrt" / "control"
+COMPUTE = HERE / "runtime" / "flowrt" / "compute"
 
 
-def _native():
-    """flowrt.control.native, loaded by path: flowrt is not importable while it is being built."""
-    spec = importlib.util.spec_from_file_location("_flowrt_native", CORE / "native.py")
+def _native(name: str = "_flowrt_native", path: Path = CORE / "native.py"):
+    """A native.py (flowrt.control's by default), loaded by path: flowrt is not importable while it is being built."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 native = _native()
+hashing_native = _native("_flowrt_compute_native", COMPUTE / "native.py")
 
 
 class BuildCore(build_ext):
@@ -49,6 +54,8 @@ class BuildCore(build_ext):
     def _record_sources(self) -> None:
         """Write, beside the extensions where they finally lie, the digest of each one's sources."""
         for ext in self.extensions:
+            if ext.name.rpartition(".")[0] != native.PACKAGE:
+                continue  # page hashing carries its sources' digest inside it (hashing_extension)
             path = Path(self.get_ext_fullpath(ext.name))
             manifest = path.parent / native.MANIFEST
             try:
@@ -70,7 +77,7 @@ def extensions() -> list[Extension]:
         print("flowrt: Cython is not installed; the control core will run as Python")
         return []
     modules = [Extension(f"{native.PACKAGE}.{m}", [str((CORE / f"{m}.py").relative_to(HERE))]) for m in native.MODULES]
-    return cythonize(
+    core = cythonize(
         modules,
         build_dir="build/cython",
         quiet=True,
@@ -79,6 +86,20 @@ def extensions() -> list[Extension]:
             "annotation_typing": False,  # the .pxd files are the only source of C types
             "nonecheck": True,  # a None where an object is expected raises, as in Python
         },
+    )
+    return core + cythonize(
+        [hashing_extension()], build_dir="build/cython", quiet=True, compiler_directives={"language_level": 3}
+    )
+
+
+def hashing_extension() -> Extension:
+    """flowrt.compute._pagehash: BLAKE2b and the page-hash chain in C, built with its sources' digest."""
+    sources = [str((COMPUTE / name).relative_to(HERE)) for name in hashing_native.SOURCES]
+    return Extension(
+        hashing_native.MODULE,
+        sources[:1],
+        depends=sources[1:],
+        define_macros=[("FLOWRT_SOURCE_DIGEST", f'"{hashing_native.source_digest(COMPUTE)}"')],
     )
 
 

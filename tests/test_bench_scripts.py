@@ -97,3 +97,11 @@ def test_kv_hit_ratio_bench_compares_the_three_policies_on_every_trace():
     for trace in ("zipf-0.9", "zipf-1.1", "zipf+scans", "sessions"):
         assert f"| {trace} | 100 |" in result.stdout, result.stdout
     assert "engine beats LRU on " in result.stdout
+
+
+def test_page_hash_bench_compares_the_c_path_with_the_specification():
+    result = run("bench/page_hash.py", "--quick")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        "| hashlib (spec) | list[int] | hex keys |" in result.stdout and "| naive loop | list[int] | hex keys |" in result.stdout
+    )

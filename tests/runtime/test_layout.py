@@ -14,7 +14,8 @@ from tests.conftest import REPO
 FLOWRT = REPO / "runtime" / "flowrt"
 BASE = {"flowrt", "tables", "values", "errors", "options", "entry_types", "logs"}
 ALLOWED = {  # package -> what it may import (its own modules too)
-    "deploy": {"gateway", "registry", "memory", "transport", "control", "bundle"} | BASE,
+    "deploy": {"gateway", "registry", "memory", "params", "compute", "transport", "control", "bundle"} | BASE,
+    "compute": {"params", "memory"} | BASE,
     "params": {"memory"} | BASE,
     "memory": {"transport"} | BASE,
     "gateway": {"control"} | BASE,

@@ -40,19 +40,16 @@ from typing import Any
 
 from flowrt.params import peers as peers_
 from flowrt.params.layout import KVLayout
-from flowrt.params.meta import EmbeddedStore, MetaError, MetaScriptError, MetaStore, MetaUnavailable
-from flowrt.params.meta.types import EVICTED, LAST_REPLICA
+from flowrt.params.meta import EmbeddedStore, MetaStore
+from flowrt.params.pool_down import Demotion
+from flowrt.params.pool_publish import DONE, MAX_CHAINS, RETRY, UNKNOWN, Publishing
 from flowrt.params.slots import PageLoadAbandoned, SlotEngine, SlotError, SlotsExhausted, Tracker
 from flowrt.params.tiers import CopyStats, DeviceTier, DiskTier, FlatTier, HostTier, Tier, copy_slots
 
 log = logging.getLogger("flowrt.params")
 
-EVICTOR = "pool-evict"  # the owner of the pool's own eviction holds
 PROMOTER = "pool-promote"  # ... and of the sources of its promotions
-DONE, RETRY, REFUSED = "done", "retry", "refused"  # what publishing a session's chain came to
 ALIAS = "~"  # joins a page key and a number: the key of a request's private copy of a page
-UNKNOWN = ""  # a page of a session's chain this process does not know (never a page key)
-MAX_CHAINS = 4096  # sessions whose chains a pool remembers, to publish them again after a store lost them
 OFFLOAD_BYTES = 1 << 20  # a promotion this large copies on a worker thread, not on the event loop
 LOCK_TTL = 30.0  # seconds a replica lock outlives a reader that died holding it
 
@@ -100,7 +97,7 @@ def default_node(name: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}:{name}"
 
 
-class KVPool:
+class KVPool(Publishing, Demotion):
     def __init__(
         self,
         layout: KVLayout,
@@ -157,98 +154,6 @@ class KVPool:
             raise
         self.peers = peers_.Peers(deployment, layout)
         self.keep_alive()
-
-    # ── metadata, tolerant of a store that fails ──
-
-    def _meta(self, operation: Callable[[], Any]) -> Any:
-        """Run one metadata operation; a MetaError is remembered and None returned."""
-        try:
-            result = operation()
-        except MetaError as error:
-            self._meta_failed(error)
-            return None
-        if self.last_meta_error is not None:
-            log.info("KV pool `%s`: the metadata store answers again", self.layout.name)
-            self.last_meta_error = None
-        return result
-
-    def _meta_failed(self, error: MetaError) -> None:
-        self.counters.meta_errors += 1
-        if self.last_meta_error is None:
-            log.warning(
-                "KV pool `%s`: the metadata store failed (%s); serving from this process's tiers", self.layout.name, error
-            )
-        self.last_meta_error = str(error)
-
-    def keep_alive(self) -> None:
-        """Renew this node in the metadata store when a third of its TTL has passed (register it
-        again, and republish, if it lapsed); publish what waits. Called by every operation, and
-        by the replica's heartbeats so an idle process's pages stay findable."""
-        now = self.clock()
-        if self._beat_at is not None and now - self._beat_at < self.node_ttl / 3:
-            return
-        alive = self._meta(lambda: self.store.heartbeat(self.node, self.node_ttl)) if self._beat_at is not None else False
-        if alive is None:
-            return
-        if not alive:
-            done = self._meta(  # the layout too: a store that restarted empty forgot it
-                lambda: (
-                    self.store.register_layout(self.layout)
-                    and (self.store.register_node(self.node, [self.layout], self.node_ttl) or True)
-                )
-            )
-            if done is None:
-                return
-            if self._beat_at is not None:  # it had lapsed: the store forgot what this node provides
-                self._published.clear()
-                self._unpublished = dict.fromkeys(self._chains, 0)
-        self._beat_at = now
-        self._flush_pending()
-
-    def _flush_pending(self) -> None:
-        for session in list(self._unpublished):
-            if self.last_meta_error is not None:
-                return
-            if self._publish_now(session, self._unpublished[session]) != RETRY:
-                self._unpublished.pop(session, None)
-
-    def _publish_now(self, session: str, start: int) -> str:
-        """Publish the session's chain from page `start` as far as L2 holds it: DONE, RETRY (the
-        store is unreachable) or REFUSED (it refused the whole chain: a failing script, say).
-        A store that refuses a tail (it lost the session's earlier pages) gets the whole chain."""
-        chain = self._chains.get(session, [])
-        if self.l2 is None:
-            return DONE
-        while True:
-            while start < len(chain) and chain[start] == UNKNOWN:  # a gap: from the first page known here
-                start += 1
-            keys = chain[start:]
-            slots = [self.l2.slot_of(key) for key in keys]
-            cut = next((i for i, slot in enumerate(slots) if slot is None), len(keys))  # evicted since
-            keys, slots = keys[:cut], slots[:cut]
-            if not keys:
-                return DONE
-            try:
-                self.store.publish(self.node, session, self.layout_id, keys, self.page_ttl, start, slots=slots)
-            except MetaUnavailable as error:
-                self._meta_failed(error)
-                return RETRY
-            except MetaError as error:
-                if start == 0 or UNKNOWN in chain[:start]:  # the whole chain, or all of it known here, was refused
-                    if isinstance(error, MetaScriptError):
-                        self._meta_failed(error)
-                    else:  # a refusal (a gap the store does not know), not a failing store
-                        self.counters.publish_refused += len(keys)
-                        log.info(
-                            "KV pool `%s`: the metadata store refused session %s's pages: %s", self.layout.name, session, error
-                        )
-                    return REFUSED
-                start = 0
-                continue
-            self._meta(lambda: None)  # (it answered: clear a remembered failure)
-            self._published.update(keys)
-            self.counters.published_pages += len(keys)
-            return DONE
 
     # ── writing ──
 
@@ -360,104 +265,6 @@ class KVPool:
             self.l1.release([key], owner, Tracker.ACTIVE)
             if self.l1.slot_of(key) is not None and self.l1.trackers(key).idle():
                 self.l1.remove([key])
-
-    def _write_through(self, keys: list[str]) -> bool:
-        """Copy committed pages L2 lacks into L2; False when L2 has no room (they stay in L1)."""
-        assert self.l2 is not None and self.host is not None
-        missing = [key for key in keys if self.l2.slot_of(key) is None and self.l1.slot_of(key) is not None]
-        if not missing:
-            return True
-        try:
-            self._make_room(len(missing))
-        except SlotsExhausted as error:
-            self.counters.write_through_refused += len(missing)
-            log.warning("%s; the pages stay in this process's device tier", error)
-            return False
-        host_slots = self.l2.allocate(missing)
-        self._count(copy_slots(self.device, [self.l1.slot_of(key) for key in missing], self.host, host_slots))
-        return True
-
-    def _make_room(self, wanted: int) -> None:
-        """Free `wanted` L2 slots: idle pages, coldest first, that the metadata guards let go.
-
-        A page a peer is reading (replica lock) or a running session uses (run lock) stays. The
-        last copy of a live session's page (guard 3) goes down to L3 when there is one; without
-        one it is dropped only when nothing else can make the room (KV is recomputable)."""
-        assert self.l2 is not None
-        shortfall = wanted - self.l2.free_slots.free
-        kept: list[str] = []  # held in EVICT until the end, so the loop never picks them again
-        last_copies: list[tuple[str, int]] = []
-        while shortfall > 0:
-            chosen = self.l2.evict_candidates(shortfall, EVICTOR)
-            if not chosen:
-                break
-            verdicts = self._unpublish([key for key, _ in chosen], drop=self.l3 is not None)
-            freed = []
-            for key, slot in chosen:
-                verdict = verdicts.get(key, EVICTED)
-                if verdict == EVICTED:
-                    freed.append((key, slot))
-                elif verdict == LAST_REPLICA:
-                    last_copies.append((key, slot))
-                else:
-                    self.counters.evictions_refused += 1
-                    kept.append(key)
-            shortfall -= self._free_host(freed)
-        if shortfall > 0 and last_copies:
-            verdicts = self._unpublish([key for key, _ in last_copies[:shortfall]], drop=True)
-            freed = [(key, slot) for key, slot in last_copies[:shortfall] if verdicts.get(key) == EVICTED]
-            shortfall -= self._free_host(freed)
-        self.l2.release([key for key, _ in last_copies] + kept, EVICTOR, Tracker.EVICT)
-        if shortfall > 0:
-            raise SlotsExhausted(
-                f"KV pool `{self.layout.name}`: the host tier has no room for {wanted} page(s): every page in it is "
-                f"held, being read by another process or used by a running session"
-                + (f" (and the metadata store failed: {self.last_meta_error})" if self.last_meta_error else "")
-                + "; give the global more `capacity` or end sessions"
-            )
-
-    def _unpublish(self, keys: list[str], *, drop: bool) -> dict[str, str]:
-        """Ask the metadata store to stop listing this node for the published ones of `keys`:
-        {key: reason} for those (pages never published need nobody's leave). A store that fails
-        keeps them all: their slots may be what a peer is about to read."""
-        published = [key for key in keys if key in self._published]
-        if not published:
-            return {}
-        answers = self._meta(lambda: self.store.evict(self.node, self.layout_id, published, drop=drop))
-        if answers is None:
-            return {key: "meta_unavailable" for key in published}
-        for answer in answers:
-            if answer.evicted:
-                self._published.discard(answer.page)
-        return {answer.page: answer.reason for answer in answers}
-
-    def _free_host(self, pages: list[tuple[str, int]]) -> int:
-        assert self.l2 is not None
-        for key, slot in pages:
-            self._demote_to_disk(key, slot)
-        return len(self.l2.finish_evict([key for key, _ in pages], EVICTOR))
-
-    def _demote_to_disk(self, key: str, host_slot: int) -> None:
-        if self.l3 is None or self.disk is None or self.host is None or self.l3.slot_of(key) is not None:
-            return
-        (disk_slot,) = self.l3.allocate([key])
-        self._count(copy_slots(self.host, [host_slot], self.disk, [disk_slot]))
-        self.counters.demoted_pages += 1
-
-    def _demote_from_l1(self, key: str, slot: int) -> None:
-        """L1 drops idle page `key`: keep a copy below when no lower tier has it (before the
-        slot is reused, its data is still there)."""
-        if self.host is None or self.l2 is None or self.l2.slot_of(key) is not None:
-            return
-        if self.l3 is not None and self.l3.slot_of(key) is not None:
-            return
-        try:
-            self._make_room(1)
-        except SlotsExhausted:
-            return  # nothing below can take it: the page goes (KV is a cache; it is recomputed)
-        (host_slot,) = self.l2.allocate([key])
-        self._count(copy_slots(self.device, [slot], self.host, [host_slot]))
-        self.counters.demoted_pages += 1
 
     # ── reading ──
 
