@@ -61,7 +61,9 @@ class Context:
         if name not in self.globals:
             raise LookupError(f"role `{self.role}` does not use global `{name}`: add `uses {name}` to the role in the .flow file")
         if params is None:
-            raise RuntimeError(f"ctx.kv({name!r}): this process has no KV pools; they need the torch extra (pip install 'flowc[torch]')")
+            raise RuntimeError(
+                f"ctx.kv({name!r}): this process has no KV pools; they need the torch extra (pip install 'flowc[torch]')"
+            )
         return params.session(name, self.session, f"{self.session}/{self.call_id}/{self.role}.{self.interface}#{self.replica}")
 
     def __repr__(self) -> str:
