@@ -14,7 +14,15 @@ Two choices keep it small and fresh:
 - **Periodic decay** ("reset"): after `sample_size` increments (10x the capacity by default, as
   Caffeine) every counter is halved, so a page that was hot an hour ago and is not asked for now
   cools down instead of squatting in the cache; `resets` counts the halvings so that the LRU can
-  re-level its pages after one.
+  re-level its pages after one. Measured with the four levels (bench/kv_hit_ratio.py): periods of
+  1x to 3x the capacity lose most of the lead over LRU on Zipf traffic, and 30x gains nothing on
+  multi-turn sessions, so 10x stays.
+
+What a sketch cannot tell is whether a page is *still* in use: the pages of a conversation that
+ended keep the high counts of the turns that read them until decay wears them down, which is many
+turns later. The four-level LRU (`lru`) answers that from each page's own reuse history (a page
+idle for many times its usual reuse interval is stale and evicted first); the sketch only says how
+often, and it is the only memory of pages that were evicted long ago.
 
 Increments are *conservative* (only the counters equal to the minimum grow): the estimate stays an
 upper bound of the true count, with less overestimation than incrementing every row.
