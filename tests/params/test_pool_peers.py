@@ -177,7 +177,7 @@ def test_odd_descriptors_are_ignored_and_never_block(tmp_path):
     from flowrt.memory import slab
     from flowrt.params import peers as peers_
 
-    digest = peers_._digest("odd", "victim")
+    digest = peers_.node_digest("odd", "victim")
     shm = slab.shm_dir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

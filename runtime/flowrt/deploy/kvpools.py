@@ -24,16 +24,10 @@ def attach(memory: Any, plan: Mapping[str, Any], deployment: str, node_prefix: s
     """Set `memory.params` to this process's pools (made lazily, on first `ctx.kv`); returns them."""
     if memory is None or not wants_pools(plan) or importlib.util.find_spec("torch") is None:
         return None
+    from flowrt.compute.hashing import page_hashes
     from flowrt.params.session import KVPools
 
-    hasher = None
-    if importlib.util.find_spec("flowrt.compute.hashing") is not None:
-        from flowrt.compute.hashing import page_hashes
-
-        def hasher(tokens: Any, page_tokens: int) -> list[str]:
-            return page_hashes(tokens, page_tokens)
-
-    memory.params = KVPools(plan["globals"], deployment=deployment, hasher=hasher, node_prefix=node_prefix)
+    memory.params = KVPools(plan["globals"], deployment=deployment, hasher=page_hashes, node_prefix=node_prefix)
     return memory.params
 
 

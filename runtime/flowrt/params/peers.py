@@ -30,7 +30,7 @@ from flowrt.params.tiers import HostTier
 VERSION = 1
 
 
-def _digest(deployment: str, node: str) -> str:
+def node_digest(deployment: str, node: str) -> str:
     return hashlib.sha256(f"{deployment}\n{node}".encode()).hexdigest()[:16]
 
 
@@ -95,7 +95,7 @@ def _alive(pid: int) -> bool:
 def announce(deployment: str, node: str, layout: KVLayout, host: HostTier) -> Path:
     """Write this pool's descriptor (atomically: readers never see half of one); returns its path."""
     directory = slab.shm_dir()
-    path = directory / f"{slab.PREFIX}{os.getpid()}-kvnode-{_digest(deployment, node)}"
+    path = directory / f"{slab.PREFIX}{os.getpid()}-kvnode-{node_digest(deployment, node)}"
     text = json.dumps(
         {
             "version": VERSION,
@@ -148,7 +148,7 @@ class Peers:
     def _read(self, node: str) -> Descriptor | None:
         """The live descriptor of `node`: a regular file of this user, naming a live process of
         this user and that process's own L2 file (anything else is ignored, never trusted)."""
-        pattern = f"{slab.PREFIX}*-kvnode-{_digest(self.deployment, node)}"
+        pattern = f"{slab.PREFIX}*-kvnode-{node_digest(self.deployment, node)}"
         for path in sorted(slab.shm_dir().glob(pattern)):
             descriptor = Descriptor.parse(_read_own_file(path) or "")
             if (

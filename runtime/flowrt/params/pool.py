@@ -147,7 +147,7 @@ class KVPool(Publishing, Demotion):
                 self._descriptor = peers_.announce(deployment, self.node, layout, self.host)
             if disk_pages:
                 directory = Path(disk_dir) if disk_dir is not None else Path(tempfile.gettempdir()) / "flowrt-kv"
-                self.disk = DiskTier(directory / peers_._digest(deployment, self.node), layout, disk_pages)
+                self.disk = DiskTier(directory / peers_.node_digest(deployment, self.node), layout, disk_pages)
                 self.l3 = SlotEngine(disk_pages, name=f"{layout.name}/disk")
         except BaseException:
             self.close()
