@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the data plane's tensors (flowc[torch]); a looser spec would pull a CUDA build
 	$(PY) -m pip install --quiet --disable-pip-version-check 'torch==2.13.0'
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,torch]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,models]'
 	touch $(STAMP) $(CORE_STAMP)
 
 ## The compiled control core, rebuilt in place when its sources change (the install builds it too;

@@ -37,7 +37,7 @@ def backend(request, monkeypatch):
     if request.param == "C portable":
         C.use_simd(False)
         yield request.param
-        C.use_simd(True)
+        C.use_default()
     else:
         yield request.param
 
@@ -200,14 +200,20 @@ def test_the_c_path_gives_the_bytes_of_the_specification(tokens, page_tokens, pa
                 expected[i : i + 16].hex() for i in range(0, len(expected), 16)
             ]
     finally:
-        C.use_simd(True)
+        C.use_default()
 
 
 @needs_c
-def test_the_ssse3_compression_runs_where_the_cpu_has_it():
-    assert C.compression() == ("SSSE3" if C.SIMD_AVAILABLE else "portable")
-    assert C.use_simd(False) is False and C.compression() == "portable"
-    assert C.use_simd(True) is C.SIMD_AVAILABLE
+def test_the_faster_compression_is_chosen_and_either_can_be_forced():
+    try:
+        assert C.use_simd(False) is False and C.compression() == "portable"
+        assert C.use_simd(True) is C.SIMD_AVAILABLE
+        assert C.compression() == ("SSSE3" if C.SIMD_AVAILABLE else "portable")
+        chosen = C.calibrate(pages=64, rounds=1)
+        assert chosen in ("SSSE3", "portable") and (chosen == "SSSE3") is C.DEFAULT_SIMD
+        assert C.SIMD_AVAILABLE or chosen == "portable"
+    finally:
+        C.use_default()
 
 
 @needs_c

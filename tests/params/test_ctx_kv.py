@@ -116,9 +116,14 @@ def test_turn_two_computes_only_the_new_pages(tmp_path, deploy):
             assert (one["reused"], one["computed"]) == (0, 4)
             assert (two["reused"], two["computed"]) == (4, 2)
             assert set(two["sources"]) == {"device"}
-            if deploy == "inproc":  # the pool's figures are in the deployment's statistics, nothing left held
-                kv = (await deployment.statistics())["kv"]["kv"]
-                assert kv["committed_pages"] == 6 and kv["tiers"]["device"]["held_pages"] == 0
+            # the pool's figures are in the deployment's statistics (a replica process's under
+            # `processes`), with nothing left held
+            stats = await deployment.statistics()
+            if deploy == "inproc":
+                kv = stats["kv"]["kv"]
+            else:
+                (kv,) = [process["kv"]["kv"] for process in stats["processes"].values() if "kv" in process]
+            assert kv["committed_pages"] == 6 and kv["tiers"]["device"]["held_pages"] == 0
 
     asyncio.run(scenario())
 

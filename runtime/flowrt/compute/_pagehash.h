@@ -120,6 +120,34 @@ static Py_ssize_t flowrt_tokens_u32(const void *src, int is_signed, int itemsize
     return -1;
 }
 
+/* Whether `item` is an exact int of one machine word in [0, 2^32), read straight from its
+ * digits (what nearly every token id is); it stores the value in *value. The C API call this
+ * saves costs more than the rest of the conversion. Anything else goes the general way. */
+FLOWRT_INLINE int flowrt_small_int(PyObject *item, uint32_t *value) {
+    if (!PyLong_CheckExact(item)) return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)item)) return 0;
+    Py_ssize_t v = PyUnstable_Long_CompactValue((PyLongObject *)item);
+    if (v < 0 || (uint64_t)v > 0xFFFFFFFFULL) return 0;
+    *value = (uint32_t)v;
+    return 1;
+#else
+    const Py_ssize_t size = Py_SIZE(item);
+    const digit *digits = ((PyLongObject *)item)->ob_digit;
+    if (size == 0 || size == 1) {
+        *value = size ? (uint32_t)digits[0] : 0;
+        return 1;
+    }
+    if (size == 2) {
+        const uint64_t v = (uint64_t)digits[0] | ((uint64_t)digits[1] << PyLong_SHIFT);
+        if (v > 0xFFFFFFFFULL) return 0;
+        *value = (uint32_t)v;
+        return 1;
+    }
+    return 0;
+#endif
+}
+
 /* Items start..start+n-1 of a list of Python ints as uint32 (with the GIL; the list holds
  * them). Returns -1 when all are ints in [0, 2^32), else the index (from start) of the first
  * that is not; any Python error it raised is cleared: the caller reports the bad token itself. */
@@ -129,6 +157,7 @@ static Py_ssize_t flowrt_list_u32(PyObject *list, Py_ssize_t start, Py_ssize_t n
         PyObject *item = PyList_GET_ITEM(list, start + i);
         int overflow = 0;
         long long value;
+        if (flowrt_small_int(item, &dst[i])) continue;
         if (PyLong_Check(item)) {
             value = PyLong_AsLongLongAndOverflow(item, &overflow);
         } else {

@@ -174,7 +174,10 @@ class Remote:
             if kind is m.Stats:
                 probe = self.probes.pop(message.token, None)
                 if probe is not None and not probe.done():
-                    probe.set_result({"running": message.running, "tracked": message.tracked})
+                    answer = {"running": message.running, "tracked": message.tracked}
+                    if message.kv:
+                        answer["kv"] = message.kv
+                    probe.set_result(answer)
                 return
             pending = link.pending.get(message.act)
             if pending is None:

@@ -287,7 +287,9 @@ class Replica:
                 task.cancel()
         elif kind is m.Probe:
             tracked = len(self.credits) + len(self.credit_waiters) + len(self.cancelled)
-            self.send(peer, m.Stats(m.VERSION, message.token, len(self.tasks), tracked), bare=True)
+            pools = getattr(self.memory, "params", None)
+            kv = pools.statistics() if pools is not None and pools.pools else {}
+            self.send(peer, m.Stats(m.VERSION, message.token, len(self.tasks), tracked, kv), bare=True)
         elif kind is m.Stop:
             self.stopping.set()
 

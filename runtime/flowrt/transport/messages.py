@@ -17,6 +17,8 @@ Either way: `Batch`, the messages one event-loop turn sent to one peer, in one Z
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 VERSION = 1
@@ -87,6 +89,7 @@ class Stats(Message, tag="stats"):
     token: int
     running: int
     tracked: int  # per-activation entries kept (credits, waiters, cancels): 0 once none runs
+    kv: dict[str, Any] = msgspec.field(default_factory=dict)  # the process's KV pools (docs/kv.md), if any
 
 
 # ── replica → registry ──
