@@ -23,6 +23,7 @@ from flowc import __version__
 from flowc.check.model import Program
 from flowc.codegen import views
 from flowc.plan import build_plan
+from flowc.plan.model import GraphPlan
 
 TARGETS = ("local", "ray", "k8s")
 
@@ -109,7 +110,10 @@ def build_bundle(program: Program, source: Path, out: Path, targets: tuple[str, 
             # impl modules are imported with the .flow file's directory and its parent on the path
             # (or, vendored, from the bundle's own copies)
             "python_path": python_path,
-            "graphs": {name: views.graph_summary(g, entry_types(program, g.entry)) for name, g in plan.graphs.items()},
+            "graphs": {
+                name: views.graph_summary(g, entry_types(program, g.entry), output_types(program, g))
+                for name, g in plan.graphs.items()
+            },
             "roles": {name: {"impl": r.impl, "module": f"nodes/{name}.py"} for name, r in plan.roles.items()},
             "targets": sorted(targets),
             "files": sorted([*files, "bundle.json"]),
@@ -122,6 +126,17 @@ def entry_types(program: Program, entry: tuple[str, ...] | list[str]) -> dict[st
     """Each entry placeholder's declared type, aliases resolved (`Text`, `[Image]`): the runtime
     checks entry values against them when a call starts (docs/runtime.md, "Entry values")."""
     return {name: str(program.type_of(program.placeholders[name].type)) for name in entry}
+
+
+def output_types(program: Program, graph: GraphPlan) -> dict[str, str]:
+    """Each field a graph streams or returns, with its declared type (aliases resolved): the
+    OpenAI endpoint picks the Text output it sends by it (docs/openai.md)."""
+    types = {}
+    for output in graph.outputs:
+        producers = program.field(output.field).producers
+        if producers:  # the checks agree every producer declares one type
+            types[output.field] = str(program.type_of(producers[0].decl.type))
+    return types
 
 
 def _json(data: object) -> str:

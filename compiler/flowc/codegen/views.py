@@ -255,11 +255,13 @@ def _k8s_name(flow: str) -> str:
     return flow.lower().replace("_", "-").strip("-")[:63] or "flow"
 
 
-def graph_summary(graph: GraphPlan, types: dict[str, str]) -> dict:
-    """A graph as bundle.json lists it; `types`: each entry placeholder's declared type."""
+def graph_summary(graph: GraphPlan, types: dict[str, str], output_types: dict[str, str]) -> dict:
+    """A graph as bundle.json lists it; `types`: each entry placeholder's declared type;
+    `output_types`: each streamed or returned field's."""
     return {
         "entry": list(graph.entry),
         "types": dict(sorted(types.items())),
+        "output_types": dict(sorted(output_types.items())),
         "stream": [{"field": o.field, "ordered": o.ordered} for o in graph.outputs if o.kind == "stream"],
         "return": [o.field for o in graph.outputs if o.kind == "return"],
     }

@@ -4,7 +4,8 @@ It owns, today, chained page hashing (`hashing`): the keys of KV pages, equal ex
 prefixes up to them are, in every process and on every machine; its C fast path
 (`_pagehash`, compiled by setup.py from `_pagehash.pyx` and the headers beside it: BLAKE2b in
 `_blake2b.h`, the chain in `_pagehash.h` and `_pagechain.h`) and which of the two runs
-(`native`). Later: the engine adapter and reference engine, and prefix matching.
+(`native`); multimodal prefix matching (`prefix`, with its segments, histories and frames in
+`prefix_*`, docs/prefix.md) and the encoders' LRU cache (`encoder_cache`).
 
 It may import flowrt.params (the Global Params Pool), flowrt.memory and flowrt's base modules
 (errors, values, tables, ...); never control, transport, registry, gateway or deploy.

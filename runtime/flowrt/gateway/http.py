@@ -10,6 +10,7 @@
                                   SECONDS) until no call is running or queued; under `local`
                                   and `ray`, also replicas up, restarts and each replica
                                   process's own statistics (`processes`)
+    POST /v1/chat/completions, GET /v1/models   OpenAI's chat API, errors too (flowrt.gateway.openai)
 
 Every answer that is not a call's event stream is JSON, and every error is `{"error": ...,
 "hint": ...}`: 400 for a body that is not a JSON object or a bad query value, 404 for an
@@ -38,6 +39,7 @@ from aiohttp import web
 
 from flowrt import options
 from flowrt.control import CORE, BadInputs, BadTimeout, Runtime, UnknownGraph
+from flowrt.gateway import openai
 from flowrt.options import DEFAULT_MAX_BODY_MB
 from flowrt.values import event_json
 
@@ -65,7 +67,7 @@ def event_lines(events: list[dict[str, Any]]) -> bytes:
     return ("\n".join([event_json(event) for event in events]) + "\n").encode()
 
 
-ROUTES = "GET /health, GET /graphs, GET /stats, POST /graphs/GRAPH"
+ROUTES = "GET /health, GET /graphs, GET /stats, POST /graphs/GRAPH, POST /v1/chat/completions, GET /v1/models"
 
 
 @web.middleware
@@ -216,4 +218,5 @@ def application(runtime: Runtime, max_body_mb: float = DEFAULT_MAX_BODY_MB, depl
     app.router.add_get("/graphs", graphs)
     app.router.add_get("/stats", stats)
     app.router.add_post("/graphs/{graph}", call_graph)
+    openai.add_routes(app, runtime)
     return app
