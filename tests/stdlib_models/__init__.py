@@ -1,0 +1,1 @@
+"""Tests of flowstd.models: the standard library's tiny media models (skipped without torch)."""
