@@ -55,6 +55,7 @@ def test_wheel_ships_grammar_and_stdlib_and_works_without_the_source_tree(tmp_pa
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "flowc/grammars/flow.lark" in names
     assert "flowstd/lib/text.flow" in names
+    assert "flowstd/lib/tokenizer.flow" in names and "flowstd/tokenizer/tokenizer.json" in names
     assert "flowc/codegen/templates/node.py.j2" in names
     # the compiled control core, its Python sources (the fallback) and what it was built from
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
