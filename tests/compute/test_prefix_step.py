@@ -18,7 +18,16 @@ import pytest
 torch = pytest.importorskip("torch", reason="the KV pool's tiers are torch tensors (the torch extra)")
 
 from flowrt.compute.hashing import page_hashes  # noqa: E402
-from flowrt.compute.prefix import Media, MediaSegment, PrefixError, RecomputeFrame, SegmentFrame, Text, TextSegment  # noqa: E402
+from flowrt.compute.prefix import (  # noqa: E402
+    Media,
+    MediaSegment,
+    PrefixError,
+    PrefixMatcher,
+    RecomputeFrame,
+    SegmentFrame,
+    Text,
+    TextSegment,
+)
 from flowrt.compute.prefix_segments import sequence_keys  # noqa: E402
 from tests.compute.test_prefix_support import HIDDEN, Model, P, make_pool, page_kv, prefill, session, sync  # noqa: E402
 
@@ -212,3 +221,24 @@ async def test_truncate_then_append_equals_the_sequence_sent_whole(conversation)
         whole = await Model().matcher().full(kv, [Text([10, 11, 12, 13, 14]), *rest])
     assert whole.keys == plan.keys and whole.hit_pages == len(plan.keys)  # the pool has what turn 2 computed
     assert torch.equal(whole.hidden(), plan.hidden())
+
+
+# Not from the paper: a token embedder giving numpy arrays beside an encoder giving tensors (a
+# user's mix) must still cut frames that span both kinds of segment.
+@sync
+async def test_a_frame_across_numpy_text_rows_and_tensor_image_rows():
+    model = Model()
+    matcher = PrefixMatcher(embed_tokens=lambda ids: model.embed_tokens(ids).numpy(), encoders={"image": model.encode_image})
+    pool = make_pool()
+    try:
+        async with session(pool, "s", "turn1") as kv:
+            first = await matcher.incremental(kv, TURN_1 + [Text([20, 21])])
+            prefill(kv, first)
+        async with session(pool, "s", "turn2") as kv:
+            plan = await matcher.incremental(kv, NEW, step=10)  # cuts inside the last text run
+        rows = plan.hidden(0, plan.n_tokens)
+        assert isinstance(rows, torch.Tensor) and rows.shape == (13, HIDDEN)
+        recompute = [frame for frame in plan.frames if isinstance(frame, RecomputeFrame)]
+        assert recompute and torch.equal(torch.as_tensor(recompute[0].hidden), rows[recompute[0].offset : recompute[0].end])
+    finally:
+        pool.close()

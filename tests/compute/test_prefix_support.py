@@ -86,7 +86,7 @@ def prefill(kv: KVSession, plan: PrefillPlan) -> dict[int, list]:
         for i in range(frame.length):
             rows[frame.offset + i] = frame.hidden[i]
         for page in range(frame.first_page, frame.first_page + len(frame.keys)):
-            pages = page_kv(torch.stack([rows[t] for t in range(page * P, (page + 1) * P)]))
+            pages = page_kv(torch.stack([torch.as_tensor(rows[t]) for t in range(page * P, (page + 1) * P)]))
             for view, value in zip(kv.view(None, slots[page]), pages, strict=True):
                 view.copy_(value)
             written[page] = pages

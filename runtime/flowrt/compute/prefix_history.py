@@ -61,13 +61,15 @@ def on_cpu(hidden: Any, what: str) -> Any:
 
 
 def concat(parts: Sequence[Any]) -> Any:
-    """The rows of `parts` one after the other (a view when there is one part)."""
+    """The rows of `parts` one after the other (a view when there is one part). Parts may mix
+    numpy arrays and torch tensors (a token embedder giving one, an encoder the other): then the
+    result is a tensor."""
     if len(parts) == 1:
         return parts[0]
-    if type(parts[0]).__module__.partition(".")[0] == "torch":
+    if any(type(part).__module__.partition(".")[0] == "torch" for part in parts):
         import torch
 
-        return torch.cat(list(parts))
+        return torch.cat([torch.as_tensor(part) for part in parts])
     import numpy
 
     return numpy.concatenate(list(parts))
@@ -119,17 +121,17 @@ class History:
     def check_step(self, step: int, session: str) -> None:
         """Refuse a cut that is not a position of this history or falls inside a media segment."""
         if isinstance(step, bool) or not isinstance(step, int):
-            raise PrefixError(f"step must be an int (a position in session {session!r}'s history), not {step!r}")
+            raise PrefixError(f"step must be an int (a position in the history of session {session!r}), not {step!r}")
         if step > self.n_tokens:
             raise PrefixError(
-                f"step {step} is beyond session {session!r}'s history, which holds {self.n_tokens} positions: send the "
+                f"step {step} is beyond the history of session {session!r}, which holds {self.n_tokens} positions: send the "
                 f"position the client holds (0..{self.n_tokens}), or leave step out (or make it negative) to append"
             )
         for item in self.placed:
             if item.offset < step < item.end and isinstance(item.segment, MediaSegment):
                 raise PrefixError(
                     f"step {step} falls inside the {item.segment.modality} segment at positions {item.offset}..{item.end} of "
-                    f"session {session!r}'s history: a media segment is kept whole or not at all, so send step={item.offset} "
+                    f"the history of session {session!r}: a media segment is kept whole or not at all, so send step={item.offset} "
                     f"(drop it) or step={item.end} (keep it)"
                 )
 
@@ -230,7 +232,7 @@ class HistoryStore:
     def check_fits(self, session: str, size: int) -> None:
         if size > self.max_bytes:
             raise PrefixError(
-                f"session {session!r}'s history would hold {size} bytes of hidden states, more than this process keeps "
+                f"the history of session {session!r} would hold {size} bytes of hidden states, more than this process keeps "
                 f"for all sessions (max_bytes={self.max_bytes}): raise the history store's max_bytes, or start a new session"
             )
 

@@ -62,7 +62,9 @@ class Context:
             raise LookupError(f"role `{self.role}` does not use global `{name}`: add `uses {name}` to the role in the .flow file")
         if params is None:
             raise RuntimeError(
-                f"ctx.kv({name!r}): this process has no KV pools; they need the torch extra (pip install 'flowc[torch]')"
+                f"ctx.kv({name!r}): this process has no KV pools. Deployments give them (flowc run, "
+                f"flowrt.deploy.open_deployment(path, 'inproc'), python -m BUNDLE), not a bare Runtime.open; "
+                f"and only where torch is installed (pip install 'flowc[torch]')"
             )
         return params.session(name, self.session, f"{self.session}/{self.call_id}/{self.role}.{self.interface}#{self.replica}")
 
