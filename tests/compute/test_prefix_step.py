@@ -146,7 +146,7 @@ async def test_step_zero_starts_over(conversation):
 async def test_a_step_beyond_the_history_is_refused(conversation):
     await conversation.start()
     async with session(conversation.pool, "s", "bad") as kv:
-        with pytest.raises(PrefixError, match=r"step 10 is beyond session 's'.s history, which holds 9 positions.*0\.\.9"):
+        with pytest.raises(PrefixError, match=r"step 10 is beyond the history of session 's', which holds 9 positions.*0\.\.9"):
             await conversation.matcher.incremental(kv, [Media("image", OTHER_IMAGE)], step=10)
         with pytest.raises(PrefixError, match="step must be an int"):
             await conversation.matcher.incremental(kv, NEW, step="5")
