@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from flowrt.control import Runtime
-from flowrt.gateway.openai import ChatShape, chat_shape
+from flowrt.gateway.openai import Answer, ChatShape, chat_shape
 from tests.runtime.test_serve import Server, flowc, serving
 
 DATA = Path(__file__).parent / "data"
@@ -171,6 +171,25 @@ def test_max_tokens_caps_the_content_chunks_and_ends_the_call(client: openai.Ope
         ({"stream_options": {"include_usage": True}}, openai.BadRequestError, "stream_options", "only allowed with"),
         ({"max_tokens": 0}, openai.BadRequestError, "max_tokens", "greater than 0"),
         ({"stream": "yes"}, openai.BadRequestError, "stream", "true or false"),
+        ({"max_tokens": 1.5}, openai.BadRequestError, "max_tokens", "greater than 0, not 1.5"),
+        (
+            {"stream": True, "stream_options": {"include_usage": "yes"}},
+            openai.BadRequestError,
+            "stream_options.include_usage",
+            "true or false, not a string",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}]},
+            openai.BadRequestError,
+            "messages[0].content[0]",
+            "`messages[0].content[0].type` must be one of text, image_url",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            openai.BadRequestError,
+            "messages[0].content[0]",
+            "`messages[0].content[0].text` must be a string, not a number",
+        ),
     ],
     ids=[
         "unknown-model",
@@ -188,6 +207,10 @@ def test_max_tokens_caps_the_content_chunks_and_ends_the_call(client: openai.Ope
         "stream-options-without-stream",
         "max-tokens-0",
         "stream-not-a-boolean",
+        "max-tokens-not-whole",
+        "include-usage-not-a-boolean",
+        "part-type-a-list",
+        "text-part-a-number",
     ],
 )
 def test_bad_requests_are_openai_errors_naming_the_parameter(client: openai.OpenAI, request_, error, param, words):
@@ -263,3 +286,66 @@ def test_recorded_output_types_pick_the_text_field_up_front(bundle: Path):
         found["numbers"] == "graph `numbers` has no Text output (number: Json); the chat endpoint sends a Text stream or return"
     )
     assert found["echo"] == ChatShape("echo", "prompt", whole_body=False, text_field="words", declared=True)
+
+
+def raw_answer(server: Server, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    connection = server.connect()
+    connection.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return response.status, response.getheader("Content-Type"), data
+
+
+def test_hostile_bodies_are_client_errors_not_500s(server: Server):
+    """Bodies a client got wrong are 400s naming the place, under every deployment, never the 500
+    of a bug in flowrt (each of these was one) nor aiohttp's plain-text errors."""
+    deep = b"[" * 300 + b"]" * 300  # parses, but a replica process could not be sent it (pickle recursion)
+    cases = [
+        # an unhashable part `type` could not be looked up (TypeError)
+        (
+            b'{"model": "echo", "messages": [{"role": "user", "content": [{"type": {"a": 1}, "text": "x"}]}]}',
+            None,
+            "`messages[0].content[0].type` must be one of",
+        ),
+        # a Json entry gets the body whole: under `local` this nesting failed crossing to the replica
+        (b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}], "x": ' + deep + b"}", None, "`x` nests more than"),
+        # `Content-Encoding: gzip` on a body that is not gzip: aiohttp's RequestPayloadError
+        (json.dumps({"model": "echo", "messages": user("hi")}).encode(), {"Content-Encoding": "gzip"}, "could not be read"),
+    ]
+    for body, headers, words in cases:
+        status, kind, data = raw_answer(server, "POST", "/v1/chat/completions", body, headers)
+        answer = json.loads(data)
+        assert status == 400 and kind.startswith("application/json"), (status, data[:300])
+        assert answer["error"]["type"] == "invalid_request_error" and words in answer["error"]["message"], answer
+    status, _, data = raw_answer(server, "GET", "/v1")  # (was the gateway's own {"error", "hint"}, not OpenAI's)
+    assert status == 404 and json.loads(data)["error"]["code"] == "unknown_url"
+    assert_nothing_running(server)
+
+
+def test_a_lone_surrogate_streams_as_a_json_escape(server: Server):
+    """JSON may carry a lone surrogate ("\\ud800"), UTF-8 may not: the stream sends it escaped
+    (it was a 500 before the first chunk, and an internal error after it)."""
+    body = b'{"model": "echo", "stream": true, "messages": [{"role": "user", "content": "odd \\ud800 one"}]}'
+    status, kind, data = raw_answer(server, "POST", "/v1/chat/completions", body)
+    assert status == 200 and kind == "text/event-stream", data[:300]
+    lines = [line.removeprefix(b"data: ") for line in data.split(b"\n\n") if line]
+    assert lines[-1] == b"[DONE]"
+    chunks = [json.loads(line) for line in lines[:-1]]
+    assert [c["choices"][0]["delta"].get("content") for c in chunks] == ["", "odd ", "\ud800 ", "one ", None]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_call_that_ends_without_a_role_failing_says_why_and_the_fix():
+    """A graph's timeout and a server stopping are named with their fix (was "call ended cancelled (timeout)")."""
+    shape = ChatShape("write", "prompt", whole_body=False, text_field="line", declared=True)
+    expected = {
+        "timeout": (504, "graph `write` ran past its `timeout`", "raise the graph's `timeout` in its .flow"),
+        "shutdown": (503, "the server is stopping", "send the request again once a server is running"),
+    }
+    for reason, (status, what, fix) in expected.items():
+        answer = Answer(shape, None)
+        answer.done = {"event": "done", "status": "cancelled", "errors": [], "missing": [], "reason": reason}
+        finish, error = answer.ending()
+        assert finish == "error" and error.status == status and error.code == reason
+        assert what in error.message and fix in error.message, error.message

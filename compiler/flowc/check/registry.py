@@ -20,6 +20,7 @@ CODES: dict[str, str] = {
     "E004": "unknown escape in a string",
     "E005": "number too large",
     "E006": "brackets nested too deeply",
+    "E007": "number with an unknown unit",
     "E101": "imported module not found",
     "E102": "import cycle",
     "E103": "imported module cannot be read",

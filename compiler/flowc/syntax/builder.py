@@ -235,6 +235,18 @@ class AstBuilder(Transformer):
         number, unit = _NUMBER_UNIT.fullmatch(str(children[0])).groups()  # type: ignore[union-attr]
         return ast.SizeValue(text=str(children[0]), bytes=int(float(number) * _SIZE_UNITS[unit]), span=_span(children))
 
+    def unknown_unit_value(self, children: list) -> ast.IntValue:
+        token = children[0]
+        number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)(.*)", str(token)).groups()  # type: ignore[union-attr]
+        current.get().report.add(
+            "E007",
+            f"unknown unit `{_shorten(unit)}` in `{_shorten(str(token))}`",
+            token_span(token),
+            hint=f"sizes take {', '.join(_SIZE_UNITS)} (`{number}MiB`), durations {', '.join(_DURATION_UNITS)} "
+            f"(`{number}s`); a plain number takes none",
+        )
+        return ast.IntValue(value=0, span=_span(children))
+
     def string_value(self, children: list) -> ast.StringValue:
         return ast.StringValue(value=self._unescape(children[0]), span=_span(children))
 

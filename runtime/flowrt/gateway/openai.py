@@ -44,6 +44,10 @@ SSE = "text/event-stream"
 OWNER = "flowc"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 PART_FIELDS = {"text": "text", "image_url": "image_url", "input_audio": "input_audio", "file": "file", "refusal": "refusal"}
+TEXT_PART = '{"type": "text", "text": "hi"}'
+# how deeply a body may nest to reach a Json entry: deeper ones cannot cross to a replica process
+# (pickle's recursion fails near 500 levels), so they are refused here under every deployment
+MAX_DEPTH = 128
 # what a graph's answer cannot carry: refused by name rather than silently ignored
 UNSUPPORTED = {
     "logprobs": "graphs report no log probabilities",
@@ -54,6 +58,13 @@ UNSUPPORTED = {
 }
 # a call that did not end `ok`: the HTTP status before the first byte, and the error's code
 ENDINGS = {"timeout": (504, "timeout"), "shutdown": (503, "shutdown"), "client gone": (499, "cancelled")}
+# what such an ending means, and the fix (`{graph}`: the graph's name)
+ENDING_MESSAGES = {
+    "timeout": "graph `{graph}` ran past its `timeout` and its call was cancelled; raise the graph's `timeout` in its .flow, "
+    "or ask for less",
+    "shutdown": "graph `{graph}`'s call was cancelled: the server is stopping; send the request again once a server is running",
+    "client gone": "graph `{graph}`'s call was cancelled: the client went away",
+}
 
 
 class ChatError(Exception):
@@ -129,11 +140,16 @@ def _kind(value: Any) -> str:
     return kinds.get(type(value), "a number")
 
 
+def _shown(value: Any) -> str:
+    """A value as an error message names it: a number by itself (`1.5`), anything else by its kind."""
+    return json.dumps(value) if _kind(value) == "a number" else _kind(value)
+
+
 def _optional(body: dict, name: str, wanted: type, described: str) -> Any:
     """`body[name]` if it is absent, null or a `wanted` (a boolean is not a number here)."""
     value = body.get(name)
     if value is not None and (not isinstance(value, wanted) or isinstance(value, bool) != (wanted is bool)):
-        raise ChatError(400, f"`{name}` must be {described}, not {_kind(value)}", name)
+        raise ChatError(400, f"`{name}` must be {described}, not {_shown(value)}", name)
     return value
 
 
@@ -177,11 +193,16 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
             )
         for j, part in enumerate(content):
             place = f"{where}.content[{j}]"
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in PART_FIELDS:
-                raise ChatError(400, f"`{place}` must be a content part whose `type` is one of {', '.join(PART_FIELDS)}", place)
-            if part.get(PART_FIELDS[kind]) is None or (kind == "text" and not isinstance(part["text"], str)):
+            if not isinstance(part, dict):
+                raise ChatError(400, f"`{place}` must be a content part such as {TEXT_PART}, not {_kind(part)}", place)
+            kind = part.get("type")
+            if not isinstance(kind, str) or kind not in PART_FIELDS:  # (a list or an object cannot be looked up)
+                shown = json.dumps(kind) if isinstance(kind, str) or kind is None else _kind(kind)
+                raise ChatError(400, f"`{place}.type` must be one of {', '.join(PART_FIELDS)}, not {shown}", place)
+            if part.get(PART_FIELDS[kind]) is None:
                 raise ChatError(400, f"`{place}` is a `{kind}` part without its `{PART_FIELDS[kind]}`", place)
+            if kind == "text" and not isinstance(part["text"], str):
+                raise ChatError(400, f"`{place}.text` must be a string, not {_kind(part['text'])}", place)
     return messages
 
 
@@ -203,6 +224,22 @@ def last_user_text(messages: list[dict[str, Any]], graph: str) -> str:
                 )
         return "\n".join(part["text"] for part in content)
     raise ChatError(400, f"`messages` has no user message; graph `{graph}` takes the last user message's text", "messages")
+
+
+def check_depth(body: dict[str, Any], graph: str) -> None:
+    """ChatError where the body nests deeper than MAX_DEPTH (walked without recursion)."""
+    todo: list[tuple[Any, int, str]] = [(value, 2, key) for key, value in body.items() if isinstance(value, (dict, list))]
+    while todo:
+        value, depth, top = todo.pop()
+        if depth > MAX_DEPTH:
+            raise ChatError(
+                400,
+                f"`{top}` nests more than {MAX_DEPTH} levels deep; graph `{graph}` takes the whole request as Json, "
+                f"and the endpoint passes on at most {MAX_DEPTH} levels: flatten it",
+                top,
+            )
+        children = value.values() if isinstance(value, dict) else value
+        todo.extend((child, depth + 1, top) for child in children if isinstance(child, (dict, list)))
 
 
 def _limit(body: dict[str, Any], name: str) -> int | None:
@@ -237,12 +274,16 @@ def parse_request(body: dict[str, Any], shapes: dict[str, ChatShape | str], head
     include_usage = (options or {}).get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise ChatError(
-            400, f"`stream_options.include_usage` must be true or false, not {_kind(include_usage)}", "stream_options"
+            400,
+            f"`stream_options.include_usage` must be true or false, not {_shown(include_usage)}",
+            "stream_options.include_usage",
         )
     limits = [_limit(body, name) for name in ("max_completion_tokens", "max_tokens")]  # OpenAI's newer name first
     limit = next((value for value in limits if value is not None), None)
     user = _optional(body, "user", str, "a string")
     session = headers.get("X-Flow-Session") or user or None
+    if shape.whole_body:
+        check_depth(body, model)
     entry_value = body if shape.whole_body else last_user_text(messages, model)
     return ChatRequest(shape, entry_value, stream, bool(include_usage), session, limit)
 
@@ -325,6 +366,8 @@ class Answer:
             return "error", ChatError(500, f"graph `{graph}` failed: {told}", None, "role_error")
         reason = done.get("reason", "")
         status, code = ENDINGS.get(reason, (500, "call_failed"))
+        if reason in ENDING_MESSAGES:
+            return "error", ChatError(status, ENDING_MESSAGES[reason].format(graph=graph), None, code)
         return "error", ChatError(
             status, f"graph `{graph}`'s call ended {done['status']} ({reason or 'no reason given'})", None, code
         )
@@ -423,7 +466,10 @@ DONE = b"data: [DONE]\n\n"
 
 
 def _sse(body: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+    try:
+        return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+    except UnicodeEncodeError:  # a lone surrogate (JSON allows "\ud800"; UTF-8 does not): sent escaped, as JSON allows
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 # ── the routes ──
@@ -439,6 +485,9 @@ class ChatEndpoint:
         self.shapes = {graph: chat_shape(runtime, graph) for graph in sorted(runtime.bundle.plan["graphs"])}
         self.created = int(time.time())
 
+    def known(self) -> str:
+        return ", ".join(graph for graph, shape in self.shapes.items() if isinstance(shape, ChatShape)) or "none"
+
     def _model(self, graph: str) -> dict[str, Any]:
         return {"id": graph, "object": "model", "created": self.created, "owned_by": OWNER}
 
@@ -451,7 +500,9 @@ class ChatEndpoint:
         shape = self.shapes.get(graph)
         if not isinstance(shape, ChatShape):
             why = shape if shape is not None else "no such graph"
-            raise ChatError(404, f"the model `{graph}` does not exist: {why}", "model", "model_not_found")
+            raise ChatError(
+                404, f"the model `{graph}` does not exist: {why} (models: {self.known()})", "model", "model_not_found"
+            )
         return web.json_response(self._model(graph))
 
     async def elsewhere(self, request: web.Request) -> web.Response:
@@ -489,6 +540,10 @@ def openai_errors(handler: Callable[[web.Request], Awaitable[web.StreamResponse]
             return await handler(request)
         except ChatError as error:
             return error.response()
+        except web.RequestPayloadError as error:  # e.g. `Content-Encoding: gzip` on a body that is not gzip
+            told = " ".join(str(error).split()).removeprefix("400, message: ")  # (aiohttp's wording)
+            message = f"the body could not be read ({told}); send it as its Content-Encoding and Transfer-Encoding say"
+            return ChatError(400, message).response()
         except web.HTTPRequestEntityTooLarge as error:
             message = f"the body is larger than the server's limit ({error.text}); send a smaller body or raise --max-body-mb"
             return ChatError(413, message, None, "body_too_large").response()
@@ -510,4 +565,5 @@ def add_routes(app: web.Application, runtime: Runtime) -> None:
     app.router.add_post("/v1/chat/completions", openai_errors(endpoint.chat_completions))
     app.router.add_get("/v1/models", openai_errors(endpoint.models))
     app.router.add_get("/v1/models/{model}", openai_errors(endpoint.model))
+    app.router.add_route("*", "/v1", openai_errors(endpoint.elsewhere))
     app.router.add_route("*", "/v1/{tail:.*}", openai_errors(endpoint.elsewhere))
