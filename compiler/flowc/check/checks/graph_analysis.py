@@ -195,37 +195,33 @@ def _tie(plan, output) -> tuple[str, str]:
 @register
 class Contribution(Check):
     phase = 2
-    codes = {"W210": "roles a graph's entry reaches that contribute nothing to its outputs (they do not run in it)"}
+    codes = {"W210": "interfaces a graph's entry reaches that contribute nothing to its outputs (they do not run in it)"}
 
     def run(self, program: Program) -> Iterator[Diagnostic]:
         for name, ir in graph_irs(program).items():
-            idle: dict[str, list[str]] = {}  # role -> its interfaces reached here but not needed
             produced = _outputs(ir)
             exitless = {n for c in cycles(ir.digraph) if _without_exit(ir, c, produced) for n in c}  # E204 says it
-            for node_id in sorted(ir.live - ir.contributing - exitless):
-                node = ir.nodes[node_id]
-                if node.kind == "interface" and node.role is not None:
-                    idle.setdefault(node.role, []).append(node_id)
+            idle = [  # interfaces reached here but not needed, by name (`role.interface`)
+                node_id
+                for node_id in sorted(ir.live - ir.contributing - exitless)
+                if ir.nodes[node_id].kind == "interface" and ir.nodes[node_id].role is not None
+            ]
             if not idle:
                 continue
-            roles = sorted(idle)
-            listed = ", ".join(f"`{r}`" for r in roles)
-            fields = sorted({f for ids in idle.values() for n in ids for f in ir.nodes[n].outputs})
+            listed = ", ".join(f"`{n}`" for n in idle)
+            fields = sorted({f for n in idle for f in ir.nodes[n].outputs})
             shown = ", ".join(f"`{f}`" for f in fields[:4]) + (", ..." if len(fields) > 4 else "")
-            several = len(roles) > 1
+            several = len(idle) > 1
             yield Diagnostic(
                 "W210",
-                f"graph `{name}`'s entry reaches {'roles' if several else 'role'} {listed}, but nothing `{name}` streams or "
-                f"returns depends on {'them' if several else 'it'}, so {'they do' if several else 'it does'} not run when "
-                f"`{name}` is called",
+                f"graph `{name}`'s entry reaches {'interfaces' if several else 'interface'} {listed}, but nothing `{name}` "
+                f"streams or returns depends on {'them' if several else 'it'}, so {'they do' if several else 'it does'} not "
+                f"run when `{name}` is called",
                 ir.info.decl.name.span,
                 f"to run {'them' if several else 'it'} in `{name}`, stream or return a field {'they produce' if several else 'it produces'} "
                 f"({shown}); if {'they belong' if several else 'it belongs'} only to another graph, enter `{name}` through a "
                 f"placeholder {'they do' if several else 'it does'} not read",
-                tuple(
-                    Note(ir.nodes[idle[r][0]].span, f"`{r}` is reached from `{name}`'s entry but feeds none of its outputs")
-                    for r in roles
-                ),
+                tuple(Note(ir.nodes[n].span, f"`{n}` is reached from `{name}`'s entry but feeds none of its outputs") for n in idle),
             )
 
 
