@@ -190,6 +190,11 @@ def test_max_tokens_caps_the_content_chunks_and_ends_the_call(client: openai.Ope
             "messages[0].content[0]",
             "`messages[0].content[0].text` must be a string, not a number",
         ),
+        ({"temperature": "hot"}, openai.BadRequestError, "temperature", "a number from 0 to 2, not a string"),
+        ({"top_p": 1.5}, openai.BadRequestError, "top_p", "a number from 0 to 1, not 1.5"),
+        ({"stop": 5}, openai.BadRequestError, "stop", "a string or a list of at most 4 strings"),
+        ({"seed": "abc"}, openai.BadRequestError, "seed", "a whole number, not a string"),
+        ({"response_format": {"type": "json_object"}}, openai.BadRequestError, "response_format", '"json_object"'),
     ],
     ids=[
         "unknown-model",
@@ -211,6 +216,11 @@ def test_max_tokens_caps_the_content_chunks_and_ends_the_call(client: openai.Ope
         "include-usage-not-a-boolean",
         "part-type-a-list",
         "text-part-a-number",
+        "temperature-a-string",
+        "top-p-out-of-range",
+        "stop-a-number",
+        "seed-a-string",
+        "json-mode",
     ],
 )
 def test_bad_requests_are_openai_errors_naming_the_parameter(client: openai.OpenAI, request_, error, param, words):
@@ -349,3 +359,18 @@ def test_a_call_that_ends_without_a_role_failing_says_why_and_the_fix():
         finish, error = answer.ending()
         assert finish == "error" and error.status == status and error.code == reason
         assert what in error.message and fix in error.message, error.message
+
+
+def test_sampling_parameters_of_the_right_type_are_accepted(client: openai.OpenAI):
+    answer = client.chat.completions.create(
+        model="echo",
+        messages=user("hello"),
+        temperature=0.7,
+        top_p=1,
+        presence_penalty=-2,
+        frequency_penalty=0.5,
+        seed=3,
+        stop=["x", "y"],
+        response_format={"type": "text"},
+    )
+    assert answer.choices[0].finish_reason == "stop" and answer.choices[0].message.content

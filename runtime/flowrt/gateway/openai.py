@@ -37,25 +37,12 @@ from typing import Any
 from aiohttp import web
 
 from flowrt.control import BadInputs, Runtime, UnknownGraph
+from flowrt.gateway.openai_request import ChatError, ChatRequest, ChatShape, chat_shape, kind_of, parse_body, parse_request
 from flowrt.values import summarize
 
 log = logging.getLogger("flowrt.gateway")
 SSE = "text/event-stream"
 OWNER = "flowc"
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-PART_FIELDS = {"text": "text", "image_url": "image_url", "input_audio": "input_audio", "file": "file", "refusal": "refusal"}
-TEXT_PART = '{"type": "text", "text": "hi"}'
-# how deeply a body may nest to reach a Json entry: deeper ones cannot cross to a replica process
-# (pickle's recursion fails near 500 levels), so they are refused here under every deployment
-MAX_DEPTH = 128
-# what a graph's answer cannot carry: refused by name rather than silently ignored
-UNSUPPORTED = {
-    "logprobs": "graphs report no log probabilities",
-    "top_logprobs": "graphs report no log probabilities",
-    "tools": "graphs answer with text, never with tool calls",
-    "functions": "graphs answer with text, never with function calls",
-    "audio": "graphs answer with text, never with audio",
-}
 # a call that did not end `ok`: the HTTP status before the first byte, and the error's code
 ENDINGS = {"timeout": (504, "timeout"), "shutdown": (503, "shutdown"), "client gone": (499, "cancelled")}
 # what such an ending means, and the fix (`{graph}`: the graph's name)
@@ -65,227 +52,6 @@ ENDING_MESSAGES = {
     "shutdown": "graph `{graph}`'s call was cancelled: the server is stopping; send the request again once a server is running",
     "client gone": "graph `{graph}`'s call was cancelled: the client went away",
 }
-
-
-class ChatError(Exception):
-    """A request the endpoint answers with OpenAI's error object."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, kind: str = ""):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-    def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status)
-
-
-@dataclass(frozen=True)
-class ChatShape:
-    """How a graph is driven as a chat model: what its entry gets and which field is the text."""
-
-    graph: str
-    entry: str
-    whole_body: bool  # a Json entry gets the request body; a Text entry, the last user message
-    text_field: str  # a stream's frames are one chunk each; a return is one chunk
-    declared: bool  # the bundle records the field's type as Text (else its values are checked)
-
-
-def chat_shape(runtime: Runtime, graph: str) -> ChatShape | str:
-    """The graph's ChatShape, or why the chat endpoint cannot drive it."""
-    plan = runtime.bundle.plan["graphs"][graph]
-    summary = runtime.bundle.manifest.get("graphs", {}).get(graph, {})
-    entry = list(plan["entry"])
-    if len(entry) != 1:
-        return f"graph `{graph}` takes {len(entry)} entry values ({', '.join(entry)}); the chat endpoint drives graphs with one"
-    entry_type = runtime.entry_types.get(graph, {}).get(entry[0], "Json")  # an older bundle records none: any value
-    if entry_type not in ("Text", "Json", "Any"):
-        return (
-            f"graph `{graph}`'s entry `{entry[0]}` is `{entry_type}`; the chat endpoint fills a `Text` entry "
-            "(the last user message) or a `Json` one (the whole request)"
-        )
-    outputs = plan["outputs"]
-    ranked = (
-        [o for o in outputs if o["kind"] == "stream" and o.get("ordered")]
-        + [o for o in outputs if o["kind"] == "stream" and not o.get("ordered")]
-        + [o for o in outputs if o["kind"] == "return"]
-    )
-    types = summary.get("output_types") if isinstance(summary, dict) else None
-    declared = isinstance(types, dict)
-    if declared:
-        ranked = [o for o in ranked if types.get(o["field"]) == "Text"]
-        if not ranked:
-            described = ", ".join(f"{o['field']}: {types.get(o['field'], '?')}" for o in outputs)
-            return f"graph `{graph}` has no Text output ({described}); the chat endpoint sends a Text stream or return"
-    return ChatShape(graph, entry[0], entry_type != "Text", ranked[0]["field"], declared)
-
-
-# ── the request ──
-
-
-@dataclass
-class ChatRequest:
-    shape: ChatShape
-    entry_value: Any
-    stream: bool
-    include_usage: bool
-    session: str | None
-    limit: int | None  # content chunks at most (max_tokens)
-
-
-def _kind(value: Any) -> str:
-    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
-    return kinds.get(type(value), "a number")
-
-
-def _shown(value: Any) -> str:
-    """A value as an error message names it: a number by itself (`1.5`), anything else by its kind."""
-    return json.dumps(value) if _kind(value) == "a number" else _kind(value)
-
-
-def _optional(body: dict, name: str, wanted: type, described: str) -> Any:
-    """`body[name]` if it is absent, null or a `wanted` (a boolean is not a number here)."""
-    value = body.get(name)
-    if value is not None and (not isinstance(value, wanted) or isinstance(value, bool) != (wanted is bool)):
-        raise ChatError(400, f"`{name}` must be {described}, not {_shown(value)}", name)
-    return value
-
-
-def parse_body(data: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or ChatError saying what is wrong with it."""
-    hint = 'send a JSON object, e.g. {"model": "GRAPH", "messages": [{"role": "user", "content": "hi"}]}'
-    try:
-        body = json.loads(data)
-    except RecursionError:
-        raise ChatError(400, f"the body is nested too deeply to read as JSON; {hint}") from None
-    except UnicodeDecodeError as error:
-        raise ChatError(400, f"the body is not UTF-8 JSON ({error.reason} at byte {error.start}); {hint}") from None
-    except ValueError as error:
-        raise ChatError(400, f"the body is not JSON ({error}); {hint}") from None
-    if not isinstance(body, dict):
-        raise ChatError(400, f"the body is {_kind(body)}, not a JSON object; {hint}")
-    return body
-
-
-def check_messages(messages: Any) -> list[dict[str, Any]]:
-    """`messages` as OpenAI defines it: a non-empty list of {role, content}, content a string or
-    a list of content parts (an assistant's may be null); ChatError naming the first bad place."""
-    if not isinstance(messages, list) or not messages:
-        shown = "an empty list" if messages == [] else _kind(messages)
-        raise ChatError(400, f"`messages` must be a non-empty list of {{role, content}} objects, not {shown}", "messages")
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise ChatError(400, f"`{where}` must be an object with `role` and `content`, not {_kind(message)}", where)
-        role = message.get("role")
-        if role not in ROLES:
-            raise ChatError(400, f"`{where}.role` must be one of {', '.join(ROLES)}, not {json.dumps(role)}", f"{where}.role")
-        content = message.get("content")
-        if content is None and role == "assistant":
-            continue  # an assistant turn that called tools carries no content
-        if isinstance(content, str):
-            continue
-        if not isinstance(content, list):
-            raise ChatError(
-                400, f"`{where}.content` must be a string or a list of content parts, not {_kind(content)}", f"{where}.content"
-            )
-        for j, part in enumerate(content):
-            place = f"{where}.content[{j}]"
-            if not isinstance(part, dict):
-                raise ChatError(400, f"`{place}` must be a content part such as {TEXT_PART}, not {_kind(part)}", place)
-            kind = part.get("type")
-            if not isinstance(kind, str) or kind not in PART_FIELDS:  # (a list or an object cannot be looked up)
-                shown = json.dumps(kind) if isinstance(kind, str) or kind is None else _kind(kind)
-                raise ChatError(400, f"`{place}.type` must be one of {', '.join(PART_FIELDS)}, not {shown}", place)
-            if part.get(PART_FIELDS[kind]) is None:
-                raise ChatError(400, f"`{place}` is a `{kind}` part without its `{PART_FIELDS[kind]}`", place)
-            if kind == "text" and not isinstance(part["text"], str):
-                raise ChatError(400, f"`{place}.text` must be a string, not {_kind(part['text'])}", place)
-    return messages
-
-
-def last_user_text(messages: list[dict[str, Any]], graph: str) -> str:
-    """The text of the last user message (its text parts joined by newlines)."""
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i]["role"] != "user":
-            continue
-        content = messages[i]["content"]
-        if isinstance(content, str):
-            return content
-        for j, part in enumerate(content):
-            if part["type"] != "text":
-                raise ChatError(
-                    400,
-                    f"`messages[{i}].content[{j}]` is a `{part['type']}` part, but graph `{graph}` takes Text: "
-                    "send text parts only, or serve a graph whose entry is Json",
-                    f"messages[{i}].content[{j}]",
-                )
-        return "\n".join(part["text"] for part in content)
-    raise ChatError(400, f"`messages` has no user message; graph `{graph}` takes the last user message's text", "messages")
-
-
-def check_depth(body: dict[str, Any], graph: str) -> None:
-    """ChatError where the body nests deeper than MAX_DEPTH (walked without recursion)."""
-    todo: list[tuple[Any, int, str]] = [(value, 2, key) for key, value in body.items() if isinstance(value, (dict, list))]
-    while todo:
-        value, depth, top = todo.pop()
-        if depth > MAX_DEPTH:
-            raise ChatError(
-                400,
-                f"`{top}` nests more than {MAX_DEPTH} levels deep; graph `{graph}` takes the whole request as Json, "
-                f"and the endpoint passes on at most {MAX_DEPTH} levels: flatten it",
-                top,
-            )
-        children = value.values() if isinstance(value, dict) else value
-        todo.extend((child, depth + 1, top) for child in children if isinstance(child, (dict, list)))
-
-
-def _limit(body: dict[str, Any], name: str) -> int | None:
-    value = _optional(body, name, int, "a whole number greater than 0")
-    if value is not None and value < 1:
-        raise ChatError(400, f"`{name}` must be a whole number greater than 0, not {value}", name)
-    return value
-
-
-def parse_request(body: dict[str, Any], shapes: dict[str, ChatShape | str], headers: Any) -> ChatRequest:
-    """Check a chat request at the edge; ChatError naming the parameter and the fix."""
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise ChatError(400, f"`model` must be a graph's name (GET /v1/models lists them), not {_kind(model)}", "model")
-    shape = shapes.get(model)
-    if shape is None:
-        known = ", ".join(sorted(g for g, s in shapes.items() if isinstance(s, ChatShape))) or "none"
-        raise ChatError(404, f"the model `{model}` does not exist: no such graph (models: {known})", "model", "model_not_found")
-    if isinstance(shape, str):
-        raise ChatError(400, f"the model `{model}` cannot be served as a chat model: {shape}", "model", "model_not_supported")
-    messages = check_messages(body.get("messages"))
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise ChatError(400, f"`n` must be 1: a graph gives one answer per call, not {json.dumps(n)}", "n")
-    for name, why in UNSUPPORTED.items():
-        if body.get(name):  # (absent, null, false or empty: nothing asked)
-            raise ChatError(400, f"`{name}` is not supported: {why}", name)
-    stream = bool(_optional(body, "stream", bool, "true or false"))
-    options = _optional(body, "stream_options", dict, 'an object such as {"include_usage": true}')
-    if options is not None and not stream:
-        raise ChatError(400, "`stream_options` is only allowed with `stream: true`", "stream_options")
-    include_usage = (options or {}).get("include_usage")
-    if include_usage is not None and not isinstance(include_usage, bool):
-        raise ChatError(
-            400,
-            f"`stream_options.include_usage` must be true or false, not {_shown(include_usage)}",
-            "stream_options.include_usage",
-        )
-    limits = [_limit(body, name) for name in ("max_completion_tokens", "max_tokens")]  # OpenAI's newer name first
-    limit = next((value for value in limits if value is not None), None)
-    user = _optional(body, "user", str, "a string")
-    session = headers.get("X-Flow-Session") or user or None
-    if shape.whole_body:
-        check_depth(body, model)
-    entry_value = body if shape.whole_body else last_user_text(messages, model)
-    return ChatRequest(shape, entry_value, stream, bool(include_usage), session, limit)
 
 
 # ── the answer ──
@@ -334,7 +100,7 @@ class Answer:
 
     def _not_text(self, value: Any) -> ChatError:
         shape = self.shape
-        said = f"graph `{shape.graph}`'s `{shape.text_field}` sent {_kind(value)}, not text"
+        said = f"graph `{shape.graph}`'s `{shape.text_field}` sent {kind_of(value)}, not text"
         if shape.declared:  # declared Text: the role broke its interface
             return ChatError(500, f"{said}, though it is declared Text; fix the role that produces it", None, "not_text")
         return ChatError(
