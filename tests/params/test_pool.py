@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch", reason="the KV pool's tiers are torch tenso
 from flowrt.params.layout import KVLayout  # noqa: E402
 from flowrt.params.meta import EmbeddedStore  # noqa: E402
 from flowrt.params.pool import KVPool  # noqa: E402
+from flowrt.params.slots import SlotsExhausted  # noqa: E402
 
 LAYOUT = KVLayout("kv", ("0", "1"), ("k", "v"), page_tokens=4, heads=2, head_dim=3, dtype="float32")
 
@@ -230,3 +231,27 @@ def test_a_view_of_one_layer_named_alone_is_that_layer(pool):
     assert [v.data_ptr() for v in views] == [s[3].data_ptr() for s in stacks]
     with pytest.raises(Exception, match="whole number"):
         kv.device.view(None, True)
+
+
+def test_allocating_resident_and_new_pages_at_once_never_evicts_the_resident_ones():
+    pool = KVPool(LAYOUT, device_pages=2, store=EmbeddedStore("t"), deployment="t", node="n")
+    try:
+        slots = pool.allocate(["a", "b"], "w")
+        fill(pool, slots, seed=1)
+        pool.commit("s", ["a", "b"], "w")
+        pool.release("w")  # a and b resident and idle: the only pages L1 can give up
+        kept = page_in_l1(pool, pool.l1.slot_of("a")).clone()
+        a, c = pool.allocate(["a", "c"], "r")  # room for c comes from b, never from a (which r reads)
+        assert pool.committed("a") and not pool.committed("b") and torch.equal(page_in_l1(pool, a), kept)
+        assert pool.fresh("c", "r") and not pool.fresh("a", "r") and a != c
+        pool.release("r")
+        pool.allocate(["a"], "q")  # q reads a; then asks for a with two new pages: one slot too few
+        with pytest.raises(SlotsExhausted):
+            pool.allocate(["a", "d", "e"], "q")
+        assert pool.l1.trackers("a").active_requests == {"q"}  # q's earlier hold on a stays
+        pool.release("q")
+        with pytest.raises(SlotsExhausted):
+            pool.allocate(["a", "d", "e"], "p")
+        assert pool.l1.trackers("a").idle()  # a failed call leaves no hold of its own behind
+    finally:
+        pool.close()

@@ -166,6 +166,11 @@ class KVPool(Publishing, Demotion):
         keys = list(keys)
         new = [key for key in keys if self.l1.slot_of(key) is None]
         taken = [key for key in keys if self._writing.get(key, owner) != owner]
+        old = [key for key in keys if key not in new and key not in taken and self._writing.get(key) != owner]
+        # the resident pages asked for are held first: making room for the new ones must not evict them
+        first_holds = [key for key in old if owner not in self.l1.trackers(key).active_requests]
+        if old:
+            self.l1.acquire(Tracker.ACTIVE, old, owner)
         try:
             if new:
                 self.l1.allocate(new, writer=owner)
@@ -176,10 +181,8 @@ class KVPool(Publishing, Demotion):
                 self._aliases[(owner, key)] = alias
         except SlotsExhausted:
             self._drop_uncommitted(owner, new + taken)
+            self.l1.release(first_holds, owner)
             raise
-        old = [key for key in keys if key not in new and key not in taken and self._writing.get(key) != owner]
-        if old:
-            self.l1.acquire(Tracker.ACTIVE, old, owner)
         return [self._slot_for(key, owner) for key in keys]
 
     def _slot_for(self, key: str, owner: str) -> int:

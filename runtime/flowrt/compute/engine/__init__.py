@@ -1,0 +1,66 @@
+"""flowrt.compute.engine: the model engines behind flowrt, and how flowrt drives them (DESIGN §7,
+docs/engines.md).
+
+It owns:
+
+- `adapter`: the engine adapter contract (`EngineAdapter`: describe, bind_kv, embed, forward one
+  step on framework-chosen token slots, copy_slots, read/write pages, optional sample, close) and
+  the values crossing it (`EngineSpec`, `StepRequest`, `StepBatch`, `StepResult`);
+- `steps`: checking a step against the contract before any K/V is touched (every engine's);
+- `kvbinding`: the pool's L1 block stacks as an engine binds them (`kv_stacks`, `BoundKV`);
+- `reference_model`, `reference`: the reference engine, a tiny Llama-shaped transformer in
+  PyTorch with paged attention over the bound stacks, and its dense forward (the specification);
+- `sampling`: greedy and seeded temperature / top-k / top-p sampling, per request;
+- `batcher`: continuous batching of concurrent requests' steps on one event loop;
+- `driver`: paged generation on a `KVSession` (prefix reuse, prefill, decode, commit).
+
+It imports flowrt.params (layouts, the pool, sessions), flowrt.compute.hashing and flowrt's base
+modules; never control, transport, registry, gateway or deploy. torch is imported when an engine
+is built or run, not when this package is imported. An engine for another framework (SGLang)
+lives in a module of its own that alone imports that framework.
+"""
+
+from flowrt.compute.engine.adapter import (
+    CAPTURE_HIDDEN_ALL,
+    CAPTURE_HIDDEN_LAST,
+    CAPTURE_LOGITS,
+    CAPTURES,
+    EngineAdapter,
+    EngineError,
+    EngineSpec,
+    StepBatch,
+    StepRequest,
+    StepResult,
+    token_slots,
+)
+from flowrt.compute.engine.batcher import ContinuousBatcher
+from flowrt.compute.engine.driver import Generation, PagedGenerator
+from flowrt.compute.engine.kvbinding import BoundKV, kv_stacks
+from flowrt.compute.engine.reference import ReferenceEngine
+from flowrt.compute.engine.reference_model import ReferenceConfig, ReferenceModel
+from flowrt.compute.engine.sampling import GREEDY, SamplingParams, TokenSampler
+
+__all__ = [
+    "CAPTURES",
+    "CAPTURE_HIDDEN_ALL",
+    "CAPTURE_HIDDEN_LAST",
+    "CAPTURE_LOGITS",
+    "GREEDY",
+    "BoundKV",
+    "ContinuousBatcher",
+    "EngineAdapter",
+    "EngineError",
+    "EngineSpec",
+    "Generation",
+    "PagedGenerator",
+    "ReferenceConfig",
+    "ReferenceEngine",
+    "ReferenceModel",
+    "SamplingParams",
+    "StepBatch",
+    "StepRequest",
+    "StepResult",
+    "TokenSampler",
+    "kv_stacks",
+    "token_slots",
+]

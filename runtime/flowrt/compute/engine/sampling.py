@@ -1,0 +1,84 @@
+"""Choosing the next token from last-token logits: the framework's sampler, the specification an
+engine's own `sample` must match.
+
+`SamplingParams`: temperature 0 is greedy (the first index of the largest logit); otherwise the
+logits are divided by the temperature, cut to the `top_k` largest (0: all), then to the smallest
+set of most likely tokens whose probability reaches `top_p` (1.0: all), and one token is drawn.
+`TokenSampler` draws with a torch.Generator of its own, seeded from `seed`: a request's tokens
+depend only on its seed and its own logits, never on what else ran in the same batch, so seeded
+outputs are reproducible one request at a time or batched.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from flowrt.compute.engine.adapter import EngineError
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None  # None: a random seed (outputs then differ run to run)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise EngineError(f"sampling temperature must be a finite number >= 0 (0: greedy), not {self.temperature!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise EngineError(f"sampling top_k must be a whole number >= 0 (0: no cut), not {self.top_k!r}")
+        if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
+            raise EngineError(f"sampling top_p must lie in (0, 1] (1: no cut), not {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+            raise EngineError(f"sampling seed must be a whole number >= 0 or None, not {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingParams()
+
+
+class TokenSampler:
+    """One request's sampler: its params and its own random stream."""
+
+    def __init__(self, params: SamplingParams = GREEDY):
+        if not isinstance(params, SamplingParams):
+            raise EngineError(f"a sampler takes SamplingParams, not {type(params).__name__}")
+        self.params = params
+        self.generator = None
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else secrets.randbits(63)
+            self.generator = _torch().Generator().manual_seed(seed)
+
+    def __call__(self, logits: Any) -> int:
+        torch = _torch()
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 1 or not len(logits):
+            raise EngineError(f"a sampler takes one request's last-token logits (vocab,), not {logits!r:.60}")
+        logits = logits.detach().to("cpu", torch.float32)
+        if self.params.greedy:
+            return int(torch.argmax(logits))
+        scaled = logits / self.params.temperature
+        order = torch.argsort(scaled, descending=True, stable=True)  # ties: the lower id first, every run
+        ranked = scaled[order]
+        if 0 < self.params.top_k < len(ranked):
+            ranked = ranked[: self.params.top_k]
+        probabilities = torch.softmax(ranked, dim=0)
+        if self.params.top_p < 1.0:
+            before = torch.cumsum(probabilities, dim=0) - probabilities  # mass of the tokens ranked above
+            probabilities = probabilities[before < self.params.top_p]  # the first always stays
+        cumulative = torch.cumsum(probabilities, dim=0)
+        draw = torch.rand((), generator=self.generator, dtype=torch.float64) * float(cumulative[-1])
+        chosen = min(int(torch.searchsorted(cumulative.double(), draw, right=True)), len(cumulative) - 1)
+        return int(order[chosen])
