@@ -145,12 +145,11 @@ class AudioEncoder(SeededModel):
     """waveform -> (frames, output_width) float32. `log_mel` gives the features alone."""
 
     model_name = "audio_encoder"
+    config_type = AudioEncoderConfig
 
     def __init__(self, config: AudioEncoderConfig | None = None) -> None:
-        config = config or AudioEncoderConfig()
-        if not isinstance(config, AudioEncoderConfig):
-            raise ModelConfigError(f"AudioEncoder takes an AudioEncoderConfig, not {type(config).__name__}")
         super().__init__(config)
+        config = self.config
         with self.seeded_weights():
             self.features = LogMel(config)
             self.conv_in = nn.Conv1d(config.n_mels, config.hidden, 3, padding=1)

@@ -120,9 +120,15 @@ class SeededModel(nn.Module):
     initialisers off the global RNG and then draws the weights from the config's seed."""
 
     model_name = "model"
+    config_type: type[ModelConfig] = ModelConfig  # what the subclass is built from
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig | None = None) -> None:
         super().__init__()
+        config = self.config_type() if config is None else config
+        if not isinstance(config, self.config_type):
+            wanted = self.config_type.__name__
+            article = "an" if wanted[0] in "AEIOU" else "a"
+            raise ModelConfigError(f"{type(self).__name__} takes {article} {wanted}, not {type(config).__name__}")
         self.config = config
 
     @contextmanager

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flowstd.models.blocks import TransformerEncoder
-from flowstd.models.common import ModelConfig, ModelConfigError, ModelInputError, SeededModel, Shape, as_tensor, shape_text
+from flowstd.models.common import ModelConfig, ModelInputError, SeededModel, Shape, as_tensor, shape_text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,12 +44,11 @@ class TextEmbedder(SeededModel):
     """token ids (tokens,) -> (output_width,) float32 of unit L2 norm."""
 
     model_name = "text_embedder"
+    config_type = TextEmbedderConfig
 
     def __init__(self, config: TextEmbedderConfig | None = None) -> None:
-        config = config or TextEmbedderConfig()
-        if not isinstance(config, TextEmbedderConfig):
-            raise ModelConfigError(f"TextEmbedder takes a TextEmbedderConfig, not {type(config).__name__}")
         super().__init__(config)
+        config = self.config
         with self.seeded_weights():
             self.tokens = nn.Embedding(config.vocab_size, config.hidden)
             self.positions = nn.Parameter(torch.zeros(config.max_tokens, config.hidden))

@@ -113,12 +113,11 @@ class Vae(SeededModel):
     """image -> latent (latent_channels, H/downsample, W/downsample) -> uint8 (H, W, channels)."""
 
     model_name = "vae"
+    config_type = VaeConfig
 
     def __init__(self, config: VaeConfig | None = None) -> None:
-        config = config or VaeConfig()
-        if not isinstance(config, VaeConfig):
-            raise ModelConfigError(f"Vae takes a VaeConfig, not {type(config).__name__}")
         super().__init__(config)
+        config = self.config
         widths = config.widths
         with self.seeded_weights():
             down: list[nn.Module] = [nn.Conv2d(config.channels, widths[0], 3, padding=1)]

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from flowstd.models.blocks import TransformerEncoder
-from flowstd.models.common import ModelConfig, ModelConfigError, ModelInputError, SeededModel, Shape, require_finite, shape_text
+from flowstd.models.common import ModelConfig, ModelInputError, SeededModel, Shape, require_finite, shape_text
 from flowstd.models.images import fit_square, image_forms, image_to_float_chw
 
 
@@ -50,12 +50,11 @@ class VisionEncoder(SeededModel):
     `forward` takes a batch of prepared pixels (batch, channels, image_size, image_size) in [0, 1]."""
 
     model_name = "vision_encoder"
+    config_type = VisionEncoderConfig
 
     def __init__(self, config: VisionEncoderConfig | None = None) -> None:
-        config = config or VisionEncoderConfig()
-        if not isinstance(config, VisionEncoderConfig):
-            raise ModelConfigError(f"VisionEncoder takes a VisionEncoderConfig, not {type(config).__name__}")
         super().__init__(config)
+        config = self.config
         with self.seeded_weights():
             self.patch_embedding = nn.Conv2d(config.channels, config.hidden, config.patch_size, stride=config.patch_size)
             self.positions = nn.Parameter(torch.zeros(config.patches, config.hidden))

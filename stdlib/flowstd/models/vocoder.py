@@ -102,12 +102,11 @@ class Vocoder(SeededModel):
     """features (frames, in_channels) -> waveform (frames * hop_length,) float32 in [-1, 1]."""
 
     model_name = "vocoder"
+    config_type = VocoderConfig
 
     def __init__(self, config: VocoderConfig | None = None) -> None:
-        config = config or VocoderConfig()
-        if not isinstance(config, VocoderConfig):
-            raise ModelConfigError(f"Vocoder takes a VocoderConfig, not {type(config).__name__}")
         super().__init__(config)
+        config = self.config
         width = config.initial_channels
         with self.seeded_weights():
             self.conv_pre = nn.Conv1d(config.in_channels, width, 7, padding=3)
