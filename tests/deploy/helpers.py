@@ -62,7 +62,7 @@ async def assert_clean_everywhere(deployment) -> None:
     """`statistics()` all zero in the gateway and in every replica process."""
     await deployment.runtime.wait_idle()
     stats = await deployment.statistics()
-    for key in ("calls", "queued_calls", "busy_replicas", "remote_activations"):
+    for key in ("calls", "queued_calls", "busy_replicas", "remote_activations", "waiting_activations"):
         assert stats.get(key, 0) == 0, (key, stats)
     for name, process in stats.get("processes", {}).items():
         assert process == {"running": 0, "tracked": 0}, (name, process)

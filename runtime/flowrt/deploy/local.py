@@ -5,8 +5,10 @@ and waits until every replica has registered (or one failed to start: its last l
 It watches each process: one that exits is dropped from the registry at once (its calls end
 with an error naming it) and started again after a backoff (0.25 s doubling to 5 s), at most
 MAX_RESTARTS times in RESTART_WINDOW seconds; one whose heartbeat lapsed is killed and
-restarted the same way. Closing stops every process it started (Stop, then SIGTERM, then
-SIGKILL), by PID, and removes the socket directory.
+restarted the same way. While none of a role's replicas is up, its activations wait for one
+(flowrt.deploy.remote.REPLICA_WAIT); `explain` tells those that waited in vain why. Closing
+stops every process it started (Stop, then SIGTERM, then SIGKILL), by PID, and removes the
+socket directory.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import zmq
 import zmq.asyncio
 
 from flowrt.bundle import Bundle
-from flowrt.deploy.remote import Remote, RemoteBinding
+from flowrt.deploy.remote import WAIT_ENV, Remote, RemoteBinding, replica_wait
 from flowrt.errors import FlowrtError
 from flowrt.registry import Directory, Record, open_source
 from flowrt.transport.sockets import ipc_endpoint, private_dir, remove_dir
@@ -59,6 +61,8 @@ class Process:
     last_error: str = ""
     restarts: list[float] = field(default_factory=list)
     started: int = 0
+    last_exit: str = ""  # how its last process ended, and why if it said (for `explain`)
+    paused_until: float = 0.0  # after MAX_RESTARTS failures: when it is tried again
 
 
 def exit_text(code: int | None) -> str:
@@ -86,7 +90,12 @@ class LocalSupervisor:
         self.deployment = uuid.uuid4().hex[:12]
         self.directory_path: Path | None = None
         self.context = zmq.asyncio.Context()
-        self.remote = Remote({name: spec.replicas for name, spec in bundle.roles.items()})
+        try:
+            wait = replica_wait()
+        except ValueError as error:
+            raise DeployError(f"{WAIT_ENV}: {error}") from None
+        self.remote = Remote({name: spec.replicas for name, spec in bundle.roles.items()}, wait)
+        self.remote.explain = self.explain
         self.directory = Directory(ttl, self.remote.on_up, self._down)
         self.processes: dict[tuple[str, int], Process] = {}
         self.source = None
@@ -105,6 +114,24 @@ class LocalSupervisor:
 
     def retired(self, call_id: Any) -> None:
         self.remote.retired(call_id)
+
+    def explain(self, role: str) -> str:
+        """Why no replica of `role` is up, as far as its processes tell: restarts, last exit."""
+        now, parts = time.monotonic(), []
+        for (name, replica), process in sorted(self.processes.items()):
+            if name != role or not process.last_exit:
+                continue
+            n = process.started - 1
+            text = (
+                f"replica {replica}: " if n == 0 else f"replica {replica} was restarted {n} time{'s'[: n != 1]}; the last time, "
+            )
+            text += process.last_exit
+            if process.paused_until > now:
+                text += f"; it failed {MAX_RESTARTS} times in {RESTART_WINDOW:g}s and is tried again in {process.paused_until - now:.0f}s"
+            elif process.proc is not None and process.proc.returncode is None:
+                text += "; a new process is starting"
+            parts.append(text)
+        return "; ".join(parts)
 
     # ── start and stop ──
 
@@ -296,6 +323,7 @@ class LocalSupervisor:
             return
         from flowrt.deploy.worker import STARTUP_FAILED
 
+        process.last_exit = exit_text(code) + (f": {process.last_error}" if process.last_error else "")
         record = self.directory.drop(process.role, process.replica, None, exit_text(code))
         starting = self.failed_start is not None and not self.failed_start.done()
         if code == STARTUP_FAILED and process.last_error:
@@ -323,6 +351,7 @@ class LocalSupervisor:
                 RESTART_WINDOW,
                 RESTART_WINDOW,
             )
+            process.paused_until = now + RESTART_WINDOW
             await asyncio.sleep(RESTART_WINDOW)  # (a cool-down: what it needs, Redis say, may be back by then)
             process.restarts.clear()
             if self.stopping:

@@ -443,6 +443,7 @@ class RaySupervisor(LocalSupervisor):
             return
         if self.stopping:
             return
+        process.last_exit = reason
         record = self.directory.drop(process.role, process.replica, None, reason)
         starting = self.failed_start is not None and not self.failed_start.done()
         if starting and record is None:

@@ -9,12 +9,21 @@ frame broke the contract, its process went away) raises `RemoteFailure` with the
 the place as the embedded runtime words them, so a call's events do not depend on where its
 roles ran. `Remote` owns one DEALER socket per replica incarnation the registry reported up,
 and ends every activation waiting on one that goes down with an error naming it.
+
+An activation of a role none of whose replicas is up (all restarting) is not refused: its
+stand-in first waits, in a queue per role (first come, first started; while some wait, new
+ones queue behind them), until a replica comes up, then chooses one (broadcast: every one up)
+and starts there. `begin` returns a ticket (a negative replica) that `finished` turns into the
+replica chosen, so the load counts stay exact; `waiting_activations` counts those queued. It
+fails only when none comes up within REPLICA_WAIT seconds ($FLOWRT_REPLICA_WAIT), with an
+error saying how long it waited and what the supervisor knows of why (`explain`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -27,6 +36,7 @@ import zmq
 from flowrt.control.contract import RemoteFailure
 from flowrt.control.roles import RoleBinding
 from flowrt.errors import FlowrtError
+from flowrt.options import wait_seconds
 from flowrt.registry import Record
 from flowrt.registry.directory import TOKENS_PER_ACTIVATION
 from flowrt.transport import codec
@@ -38,6 +48,8 @@ BROADCAST = -2  # as flowrt.control.roles.BROADCAST (a C constant in the compile
 WINDOW = 64  # as flowrt.deploy.worker: frames a replica may send ahead; credit goes back per half window
 ACK_WAIT = 1.0  # seconds a cancelled activation waits for its replica to say where it stood
 STICKY_SESSIONS = 65_536  # `lb session`: at most this many sessions remember their replica
+REPLICA_WAIT = 10.0  # seconds an activation waits for a replica of its role to come up (the restart backoffs add up to ~8 s)
+WAIT_ENV = "FLOWRT_REPLICA_WAIT"  # overrides REPLICA_WAIT (0: fail at once), for roles that take longer to start
 log = logging.getLogger("flowrt.deploy")
 
 
@@ -67,6 +79,31 @@ class Pending:
                 waiter.set_result(None)
 
 
+class Turn:
+    """An activation waiting in its role's queue for a replica to come up."""
+
+    __slots__ = ("future", "expired")
+
+    def __init__(self, future: asyncio.Future):
+        self.future = future
+        self.expired = False
+
+    def wake(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
+
+    def expire(self) -> None:
+        self.expired = True
+        self.wake()
+
+
+def replica_wait() -> float:
+    """How long an activation waits for a replica: $FLOWRT_REPLICA_WAIT, else REPLICA_WAIT
+    (ValueError naming the value if it is not a number of seconds, 0 or more)."""
+    text = os.environ.get(WAIT_ENV, "").strip()
+    return wait_seconds(text) if text else REPLICA_WAIT
+
+
 class Link:
     """The gateway's socket to one incarnation of one replica."""
 
@@ -92,7 +129,7 @@ class Link:
 
 
 class Remote:
-    def __init__(self, replicas: dict[str, int]):
+    def __init__(self, replicas: dict[str, int], wait: float = REPLICA_WAIT):
         self.context = zmq.Context()  # plain sockets, read by flowrt.transport.sockets.Reader
         self.replicas = replicas  # role -> how many replicas it declares
         self.links: dict[tuple[str, int], Link] = {}
@@ -102,6 +139,11 @@ class Remote:
         self.probes: dict[int, asyncio.Future] = {}
         self.garbage = 0
         self.up_event = asyncio.Event()  # set whenever a replica comes up (tests and start-up wait on it)
+        self.wait = wait  # seconds an activation waits for a replica of its role (REPLICA_WAIT)
+        self.queues: dict[str, deque[Turn]] = {role: deque() for role in replicas}  # activations waiting for a replica
+        self.last_down: dict[str, str] = {}  # role -> the last replica of it that went down, and why
+        self.explain: Any = None  # role -> what the supervisor knows of why none of its replicas is up
+        self.stopping = False
         self.memory: Any = None  # the gateway's MemoryClient, where the deployment runs a manager
         self.decoder: Any = None
         self.foreign: set[tuple[str, int]] = set()  # replicas on other machines than the gateway's manager: pickled tensors
@@ -137,6 +179,9 @@ class Remote:
         self.generators[record.role] = record.generators
         self.live[record.role] = sorted(r for (role, r) in self.links if role == record.role)
         self.up_event.set()
+        queue = self.queues[record.role]
+        if queue:
+            queue[0].wake()  # the first waiting activation starts; it wakes the next (`turn`)
 
     def on_down(self, record: Record, reason: str) -> None:
         key = (record.role, record.replica)
@@ -146,6 +191,7 @@ class Remote:
         del self.links[key]
         self.live[record.role] = sorted(r for (role, r) in self.links if role == record.role)
         log.warning("replica %d of role `%s` is down: %s", record.replica, record.role, reason)
+        self.last_down[record.role] = f"replica {record.replica} went away: {reason}"
         self._fail_link(link, reason)
 
     def _fail_link(self, link: Link, reason: str) -> None:
@@ -223,6 +269,40 @@ class Remote:
             raise RemoteFailure(f"replica {replica} of role `{role}` is not up")
         return link
 
+    async def turn(self, role: str) -> None:
+        """Wait until a replica of `role` is up and every activation that waited for one before
+        this one has started; RemoteFailure if none comes up within `wait` seconds."""
+        loop = asyncio.get_running_loop()
+        queue, live = self.queues[role], self.live
+        turn = Turn(loop.create_future())
+        queue.append(turn)
+        expiry = loop.call_later(self.wait, turn.expire)
+        try:
+            while True:
+                if self.stopping:
+                    raise RemoteFailure(f"no replica of role `{role}` is up, and the deployment is stopping")
+                if live[role] and queue[0] is turn:
+                    return  # (the caller starts the activation before it yields: the order holds)
+                if turn.expired and not live[role]:
+                    raise RemoteFailure(self.not_up(role))
+                if turn.future.done():
+                    turn.future = loop.create_future()
+                await turn.future  # woken by on_up, by the activation before it, or by its expiry
+        finally:
+            expiry.cancel()
+            queue.remove(turn)
+            if queue and live[role]:
+                queue[0].wake()
+
+    def not_up(self, role: str) -> str:
+        """Why an activation waited for a replica of `role` in vain."""
+        why = (self.explain(role) if self.explain is not None else "") or self.last_down.get(role, "")
+        return (
+            f"no replica of role `{role}` came up within the {self.wait:g}s this call waited for one"
+            + (f": {why}" if why else "")
+            + f". The log says more; if the role only needs longer to start, set {WAIT_ENV} (seconds)"
+        )
+
     def _start(self, link: Link, start: m.Start, inputs: dict, uses: dict | None) -> Pending:
         pending = Pending(start.act, link, uses)
         encoder = None
@@ -243,8 +323,11 @@ class Remote:
         link.send(start, payload)
         return pending
 
-    async def stream(self, link: Link, start: m.Start, inputs: dict, uses: dict | None):
-        """The stand-in for a streaming role's async generator."""
+    async def stream(self, link: Link | None, start: m.Start, inputs: dict, uses: dict | None, choose: Any = None):
+        """The stand-in for a streaming role's async generator (without a link: `await choose()`,
+        which waits for a replica, gives it)."""
+        if link is None:
+            link = await choose()
         pending = self._start(link, start, inputs, uses)
         try:
             frames = pending.frames
@@ -268,8 +351,10 @@ class Remote:
         finally:
             self._forget(pending)
 
-    async def once(self, link: Link, start: m.Start, inputs: dict, uses: dict | None) -> Any:
-        """The stand-in for a role's coroutine."""
+    async def once(self, link: Link | None, start: m.Start, inputs: dict, uses: dict | None, choose: Any = None) -> Any:
+        """The stand-in for a role's coroutine (without a link: as `stream`)."""
+        if link is None:
+            link = await choose()
         pending = self._start(link, start, inputs, uses)
         try:
             while pending.outcome is None:
@@ -329,10 +414,15 @@ class Remote:
         return {
             "replicas_up": len(self.links),
             "remote_activations": sum(len(link.pending) for link in self.links.values()),
+            "waiting_activations": sum(len(queue) for queue in self.queues.values()),
             "garbage_messages": self.garbage,
         }
 
     def close(self) -> None:
+        self.stopping = True
+        for queue in self.queues.values():
+            for turn in queue:
+                turn.wake()
         for link in list(self.links.values()):
             self._fail_link(link, "the deployment is stopping")
         self.links.clear()
@@ -365,11 +455,12 @@ class RemoteBinding(RoleBinding):
         super().__init__(spec, [None] * spec.replicas, globals_, log_)
         self.remote = remote
         self.sticky: OrderedDict[str, int] = OrderedDict()
+        self.tickets = itertools.count(-3, -1)  # the replica `begin` returns for an activation that waits (BROADCAST is -2)
+        self.waited: dict[int, int] = {}  # such a ticket -> the replica chosen once one came up
 
     def replica(self, session: str) -> int:
+        """The replica to run an activation, among those up (there is one: see `begin`)."""
         live = self.remote.live[self.name]
-        if not live:
-            raise RemoteFailure(f"no replica of role `{self.name}` is up (they are starting or restarting)")
         if len(live) == 1:
             return live[0]
         lb = self.lb
@@ -400,16 +491,62 @@ class RemoteBinding(RoleBinding):
 
     def begin(self, node: Any, session: str, call_id: Any, graph: str, inputs: dict) -> tuple:
         uses = {name: self.globals[(session, name)] for name in self.uses} if self.uses else None
+        live = self.remote.live[self.name]
+        if not live or self.remote.queues[self.name]:  # none up, or others wait for one: wait after them
+            return self._waiting(node, session, call_id, graph, inputs, uses)
         if not self.broadcast:
             replica = self.replica(session)
             result = self._result(replica, node.method, call_id, session, graph, inputs, uses)
             self.load[replica] += 1
             return replica, result, ()
-        live = self.remote.live[self.name]
-        if not live:
-            raise RemoteFailure(f"no replica of role `{self.name}` is up (they are starting or restarting)")
         results = [self._result(r, node.method, call_id, session, graph, inputs, uses) for r in live]
         return BROADCAST, results[0], tuple(results[1:])
+
+    def _waiting(self, node: Any, session: str, call_id: Any, graph: str, inputs: dict, uses: dict | None) -> tuple:
+        """`begin` for an activation that must wait for a replica: a stand-in that waits its turn
+        (Remote.turn), then starts where the balancer says (or, for broadcast, on every replica up)."""
+        if self.broadcast:
+            args = (node.method, call_id, session, graph, inputs, uses)
+            return BROADCAST, (self._broadcast_stream(args) if node.generator else self._broadcast_once(args)), ()
+        ticket = next(self.tickets)
+        remote = self.remote
+        start = m.Start(VERSION, next(remote.acts), call_id, session, graph, node.method, uses is not None)
+        chosen = functools.partial(self._chosen, ticket, session)
+        run = remote.stream if node.generator else remote.once
+        return ticket, run(None, start, inputs, uses, chosen), ()
+
+    async def _chosen(self, ticket: int, session: str) -> Link:
+        await self.remote.turn(self.name)
+        replica = self.replica(session)
+        self.load[replica] += 1
+        self.waited[ticket] = replica  # (`finished` gives it back)
+        return self.remote.links[(self.name, replica)]
+
+    async def _broadcast_results(self, args: tuple) -> list:
+        await self.remote.turn(self.name)
+        return [self._result(r, *args) for r in self.remote.live[self.name]]
+
+    async def _broadcast_once(self, args: tuple) -> Any:
+        results = await self._broadcast_results(args)
+        try:
+            frame = await results[0]
+            for extra in results[1:]:  # the others run for their side effects, as the core runs them
+                await extra
+            return frame
+        finally:
+            self.finished(BROADCAST, tuple(results))
+
+    async def _broadcast_stream(self, args: tuple):
+        results = await self._broadcast_results(args)
+        try:
+            async for frame in results[0]:
+                yield frame
+            for extra in results[1:]:
+                async for _ in extra:
+                    pass
+        finally:
+            for result in results:
+                await result.aclose()
 
     def _result(self, replica: int, method: str, call_id: Any, session: str, graph: str, inputs: dict, uses: dict | None):
         remote = self.remote
@@ -422,6 +559,10 @@ class RemoteBinding(RoleBinding):
     def finished(self, replica: int, extras: tuple) -> None:
         if replica >= 0:
             self.load[replica] -= 1
+        elif replica != BROADCAST:  # a ticket: the replica it waited for, if it got one
+            chosen = self.waited.pop(replica, None)
+            if chosen is not None:
+                self.load[chosen] -= 1
         for extra in extras:
             if hasattr(extra, "aclose"):
                 continue  # an async generator never started holds nothing
