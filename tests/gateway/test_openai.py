@@ -143,6 +143,22 @@ def test_max_tokens_caps_the_content_chunks_and_ends_the_call(client: openai.Ope
     assert_nothing_running(server)
 
 
+def test_a_json_graph_past_max_tokens_still_reports_its_other_outputs(client: openai.OpenAI, server: Server):
+    # `counted` gets the whole body (max_tokens too), streams one word a frame, then its `tally`:
+    # the endpoint sends no text past the cap but lets the call end, so `flow` still has the tally
+    for stream in (False, True):
+        answer = client.chat.completions.create(model="counted", messages=user("a b c d"), stream=stream, max_tokens=2)
+        if stream:
+            chunks = list(answer)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish, flow = chunks[-1].choices[0].finish_reason, chunks[-1].flow
+        else:
+            text, finish, flow = answer.choices[0].message.content, answer.choices[0].finish_reason, answer.flow
+        assert (text, finish) == ("A B ", "length")
+        assert flow["tally"] == [{"words": 4}]
+    assert_nothing_running(server)
+
+
 @pytest.mark.parametrize(
     ("request_", "error", "param", "words"),
     [

@@ -79,6 +79,8 @@ class Answer:
             if kind == "done":
                 self.done = event
             elif event["field"] == text_field:
+                if self.finish is not None:  # past the cap, waiting for the call's other outputs
+                    continue
                 value = event["value"]
                 if not isinstance(value, str):
                     self.failure = self._not_text(value)
@@ -87,7 +89,8 @@ class Answer:
                 self.chunks += 1
                 if self.limit is not None and self.chunks >= self.limit:
                     self.finish = "length"
-                    break
+                    if not self.shape.whole_body:
+                        break
             elif kind == "stream":
                 self.flow.setdefault(event["field"], []).append(summarize(event["value"]))
             else:
@@ -96,7 +99,10 @@ class Answer:
 
     @property
     def over(self) -> bool:
-        return self.finish is not None or self.failure is not None
+        """Whether to stop reading the call (which cancels it). At the cap a Text entry's call is
+        cancelled; a Json entry's graph was given `max_tokens` with the body and honours it, so
+        its call runs to its end and its other outputs still reach `flow`."""
+        return self.failure is not None or (self.finish is not None and not self.shape.whole_body)
 
     def _not_text(self, value: Any) -> ChatError:
         shape = self.shape

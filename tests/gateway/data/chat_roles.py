@@ -48,3 +48,11 @@ class Replier:
     async def number(self, ctx, query):
         for i in range(3):
             yield {"number": {"n": i}}
+
+
+class Counter:
+    async def speak(self, ctx, order):
+        words = order["messages"][-1]["content"].split()
+        for word in words:  # (ignores max_tokens: the endpoint caps what it sends)
+            yield {"spoken": word.upper() + " "}
+        yield {"tally": {"words": len(words)}}  # after the text, as flowstd's llm reports its counts
