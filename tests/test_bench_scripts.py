@@ -105,3 +105,11 @@ def test_page_hash_bench_compares_the_c_path_with_the_specification():
     assert (
         "| hashlib (spec) | list[int] | hex keys |" in result.stdout and "| naive loop | list[int] | hex keys |" in result.stdout
     )
+
+
+def test_chat_reuse_bench_serves_both_turns_and_reuses_the_history():
+    result = run("bench/chat_reuse.py", "--quick")
+    assert result.returncode == 0, result.stdout + result.stderr
+    reuse = next(line for line in result.stdout.splitlines() if line.startswith("| reuse |"))
+    fresh = next(line for line in result.stdout.splitlines() if line.startswith("| fresh |"))
+    assert int(reuse.split("|")[3]) > 0 and int(fresh.split("|")[3]) == 0  # reused tokens: some, then none
