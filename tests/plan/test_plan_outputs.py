@@ -52,13 +52,13 @@ def test_schema_rejects_a_broken_plan():
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
 def test_example_mermaid(path, golden):
     plan = plan_of(path)
-    (graph,) = plan.graphs.values()
-    text = pictures.mermaid(graph)
-    assert text == golden
-    # every interface of the graph is drawn, inside its role's cluster
-    for node_id in graph.nodes:
-        if "." in node_id:
-            assert f"subgraph role_{node_id.split('.')[0]} " in text
+    texts = [pictures.mermaid(graph) for _, graph in sorted(plan.graphs.items())]  # one picture a graph
+    assert "\n".join(texts) == golden
+    # every interface of each graph is drawn, inside its role's cluster
+    for graph, text in zip((g for _, g in sorted(plan.graphs.items())), texts, strict=True):
+        for node_id in graph.nodes:
+            if "." in node_id:
+                assert f"subgraph role_{node_id.split('.')[0]} " in text
 
 
 def test_pictures_mark_buckets_joins_sessions_and_back_edges():

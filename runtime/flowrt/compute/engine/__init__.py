@@ -34,8 +34,10 @@ from flowrt.compute.engine.adapter import (
     token_slots,
 )
 from flowrt.compute.engine.batcher import ContinuousBatcher
+from flowrt.compute.engine.dit import DenoiseRequest, DitConfig, DitEngine, DitModel, DitSampler
 from flowrt.compute.engine.driver import Generation, PagedGenerator
 from flowrt.compute.engine.kvbinding import BoundKV, kv_stacks
+from flowrt.compute.engine.planned import PlacedContext, PlannedGeneration, PlannedGenerator, place_context
 from flowrt.compute.engine.reference import ReferenceEngine
 from flowrt.compute.engine.reference_model import ReferenceConfig, ReferenceModel
 from flowrt.compute.engine.sampling import GREEDY, SamplingParams, TokenSampler
@@ -48,11 +50,19 @@ __all__ = [
     "GREEDY",
     "BoundKV",
     "ContinuousBatcher",
+    "DenoiseRequest",
+    "DitConfig",
+    "DitEngine",
+    "DitModel",
+    "DitSampler",
     "EngineAdapter",
     "EngineError",
     "EngineSpec",
     "Generation",
     "PagedGenerator",
+    "PlacedContext",
+    "PlannedGeneration",
+    "PlannedGenerator",
     "ReferenceConfig",
     "ReferenceEngine",
     "ReferenceModel",
@@ -62,5 +72,6 @@ __all__ = [
     "StepResult",
     "TokenSampler",
     "kv_stacks",
+    "place_context",
     "token_slots",
 ]

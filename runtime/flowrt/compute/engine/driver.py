@@ -18,6 +18,9 @@ It works with any `EngineAdapter`, through a `ContinuousBatcher` when given one 
 sessions then share forward steps). A page evicted since the last turn is simply recomputed: the
 match is shorter, the counts in `Generation` say so. Scratch pages (the history's trailing partial
 page, the generated tokens) are held until the `async with ctx.kv(...)` block ends.
+
+`ScratchPages`, `ContextSlots`, `allocate` and `token_list` are shared with `planned`, the driver
+of multimodal plans.
 """
 
 from __future__ import annotations
@@ -61,11 +64,11 @@ class _Placement:
     hit_pages: int  # pages the match found
     reused_pages: int  # leading pages not computed here (the match, then pages others committed)
     made_pages: int  # pages allocated fresh for this call
-    context: _Context
-    scratch: _Scratch
+    context: ContextSlots
+    scratch: ScratchPages
 
 
-class _Scratch:
+class ScratchPages:
     """Scratch pages for tokens from logical page `base` on, allocated as they are needed."""
 
     def __init__(self, kv: KVSession, base: int):
@@ -138,10 +141,10 @@ class PagedGenerator:
         is not the default (`hashing.chain_root`)."""
         started = time.perf_counter()
         self._bind(kv)
-        history = _token_list(tokens)
+        history = token_list(tokens)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise EngineError(f"generate(): max_new_tokens is a whole number >= 0, not {max_new_tokens!r}")
-        stops = frozenset(_token_list(stop, allow_empty=True))
+        stops = frozenset(token_list(stop, allow_empty=True))
         sampler = TokenSampler(sampling)
         size = kv.layout.page_tokens
         full = len(history) // size
@@ -197,8 +200,8 @@ class PagedGenerator:
         in_pool = full  # pages whose K/V live in their own pool page
         if logits_needed and reused * size == len(history):
             reused = in_pool = full - 1  # the last token must run to give logits: its page is recomputed in scratch
-        scratch = _Scratch(kv, in_pool)
-        context = _Context(len(history))
+        scratch = ScratchPages(kv, in_pool)
+        context = ContextSlots(len(history))
         context.set_pages((list(hit.slots) + allocated)[:in_pool], size)
         for token in range(in_pool * size, len(history)):
             context.set(token, scratch.slot(token))
@@ -221,7 +224,7 @@ class PagedGenerator:
         return token, steps
 
     def _commit_generated(
-        self, kv: KVSession, history: list[int], generated: list[int], keys: list[str], parent: Any, scratch: _Scratch
+        self, kv: KVSession, history: list[int], generated: list[int], keys: list[str], parent: Any, scratch: ScratchPages
     ) -> tuple[int, bool]:
         """Commit the pages after the history's full pages whose every token's K/V was computed
         (the last generated token never ran); returns (pages written, published)."""
@@ -260,7 +263,7 @@ def allocate(kv: KVSession, keys: list[str]) -> list[int]:
     return [slots[key] for key in keys]
 
 
-class _Context:
+class ContextSlots:
     """A request's context slot list, grown in place (no list copy per decode step)."""
 
     def __init__(self, length: int):
@@ -287,7 +290,8 @@ class _Context:
         return self.slots[:end]
 
 
-def _token_list(tokens: Any, allow_empty: bool = False) -> list[int]:
+def token_list(tokens: Any, allow_empty: bool = False) -> list[int]:
+    """Token ids as a list of ints (a list, numpy or torch integers), or an EngineError."""
     if hasattr(tokens, "tolist"):
         tokens = tokens.tolist()
     if isinstance(tokens, str | bytes) or not hasattr(tokens, "__iter__"):

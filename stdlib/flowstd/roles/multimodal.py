@@ -1,0 +1,309 @@
+"""The roles of lib/multimodal.flow: an any-to-any pipeline of real tiny models (docs/stdlib.md).
+
+    Frontend.parse      request -> text_seg, image_seg (one frame per segment, in order)
+    Embed.encode        text_seg -> txt_emb: the segment's token ids and their LLM embeddings
+    Vit.encode          image_seg -> vit_emb: the image's VisionEncoder rows, its content hash,
+                        and whether this replica's encoder cache held them
+    Vae.encode/decode   image_seg -> vae_lat (a latent); latent -> image
+    Llm.generate        txt_emb | vit_emb & vae_lat -> stream token, usage, hidden
+    Dit.denoise         hidden, vit_emb (all), vae_lat (all) -> latent
+
+The LLM is flowrt's reference engine (vocabulary of flowstd's tokenizer, hidden 64), driven by a
+`PlannedGenerator` from `PrefixMatcher` plans over the pool of `global kv`: each activation
+appends its segment to the session's history (incremental matching), reuses the pages the pool
+holds (turn 1's, in turn 2), prefills the rest and decodes a few greedy tokens. Its `hidden`
+carries what the DiT needs: the final hidden state, the context's input rows and its page keys.
+The DiT (`flowrt.compute.engine.dit`) attends to the LLM's cached text K/V of that context, read
+from the pool by slot: in the LLM's process the pages are there; in another process
+(`--deploy local`) they are recomputed from the rows (`place_context`), giving the same K/V.
+
+The media models, the tokenizer and the encoder cache are built once per process
+(`MultimodalRuntime.shared()`, in the roles' `setup`); the LLM engine, its ContinuousBatcher, the
+matcher and the DiT once per process and KV pool (`PoolEngines`, on a role's first `ctx.kv`),
+so the llm and dit roles of one process share them. The global's settings must be the engine's
+(`llm_global_settings()`), else the first call fails naming the setting to change.
+Weights come from seeds: every process builds the same models, and outputs are deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from flowrt.compute.encoder_cache import EncoderCache
+from flowrt.compute.engine import ContinuousBatcher, EngineError, ReferenceConfig, ReferenceEngine, kv_stacks
+from flowrt.compute.engine.dit import DitConfig, DitEngine, DitSampler
+from flowrt.compute.engine.planned import PlannedGenerator, place_context
+from flowrt.compute.prefix import Media, PrefixMatcher, Text
+from flowrt.errors import FlowrtError
+
+GLOBAL = "kv"  # the KVCache global lib/multimodal.flow declares
+PAGE_TOKENS = 16
+IMAGE_SIZE = 32  # images are resized and cropped to this square (16 ViT rows, a 4x4 latent)
+NEW_TOKENS = 4  # tokens the LLM generates per activation
+DIT_STEPS = 4
+
+
+class MultimodalInputError(FlowrtError, ValueError):
+    """A request the multimodal roles cannot read: the message names the fix."""
+
+
+def llm_config() -> ReferenceConfig:
+    """The LLM: the reference engine over flowstd's tokenizer vocabulary (3072 ids)."""
+    return ReferenceConfig(vocab_size=3072, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, seed=11)
+
+
+def llm_global_settings() -> dict[str, Any]:
+    """What `global kv: KVCache { ... }` must say to hold the LLM's (and so the DiT's) K/V."""
+    return ReferenceEngine(llm_config()).describe().global_settings(PAGE_TOKENS)
+
+
+class MultimodalRuntime:
+    """This process's models: the ViT, the VAE, the tokenizer, the LLM's weights (for embedding),
+    and per KV pool the engines bound to it (`for_pool`); see the module docstring."""
+
+    _shared: MultimodalRuntime | None = None
+
+    @classmethod
+    def shared(cls) -> MultimodalRuntime:
+        if cls._shared is None:
+            cls._shared = cls()
+        return cls._shared
+
+    def __init__(self) -> None:
+        from flowstd.models import Vae, VaeConfig, VisionEncoder, VisionEncoderConfig
+        from flowstd.tokenizer import Tokenizer
+
+        self.tokenizer = Tokenizer.load()
+        self.embedder = ReferenceEngine(llm_config())  # embeddings only: never bound to a pool
+        self.spec = self.embedder.describe()
+        if self.tokenizer.vocab_size > self.spec.vocab_size:
+            raise EngineError(f"the LLM's vocabulary ({self.spec.vocab_size}) is smaller than the tokenizer's")
+        self.vit = VisionEncoder(VisionEncoderConfig(image_size=IMAGE_SIZE, output_hidden=self.spec.hidden_size, seed=13))
+        self.vae = Vae(VaeConfig(image_size=IMAGE_SIZE, seed=14))
+        self.vit_cache = EncoderCache(name="image")
+        # a deployment's pool lives as long as the deployment; a process may open several in turn (tests)
+        self._engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def for_pool(self, kv: Any) -> PoolEngines:
+        """The engines bound to `kv`'s pool (made on first use), refusing a global of the wrong shape."""
+        engines = self._engines.get(kv.pool)
+        if engines is None:
+            self.spec.check_layout(kv.layout)  # names each setting of the global to change
+            if kv.layout.page_tokens != PAGE_TOKENS:
+                raise EngineError(f"global `{kv.layout.name}`: set `page_tokens {PAGE_TOKENS}` (it has {kv.layout.page_tokens})")
+            engines = self._engines[kv.pool] = PoolEngines(kv)
+        return engines
+
+
+class PoolEngines:
+    """One KV pool's LLM engine, its batcher, matcher and generator, and the DiT reading its K/V."""
+
+    def __init__(self, kv: Any) -> None:
+        self.engine = ReferenceEngine(llm_config())
+        spec = self.engine.describe()
+        self.batcher = ContinuousBatcher(self.engine)
+        # the matcher is given the rows upstream roles computed (Text/Media with hidden=...), so it
+        # needs no encoder; embed_tokens embeds what the LLM generated
+        self.matcher = PrefixMatcher(embed_tokens=self.engine.embed, namespace="flowstd.multimodal")
+        self.generator = PlannedGenerator(self.engine, self.matcher, batcher=self.batcher)
+        self.generator.bind(kv)
+        self.dit = DitEngine(DitConfig.matching(spec, seed=12))
+        self.dit.check_llm(spec)
+        self.dit.bind_kv(kv_stacks(kv))
+        self.sampler = DitSampler(self.dit, batcher=ContinuousBatcher(self.dit))
+
+
+# ── requests ──
+
+
+@dataclass(frozen=True)
+class ImagePayload:
+    """An image as raw RGB bytes: what crosses processes between roles (small, picklable)."""
+
+    width: int
+    height: int
+    data: bytes
+
+    def pixels(self) -> Any:
+        import torch
+
+        return torch.frombuffer(bytearray(self.data), dtype=torch.uint8).view(self.height, self.width, 3)
+
+    def summary(self) -> dict:
+        return {"image": {"width": self.width, "height": self.height, "mode": "RGB"}}
+
+
+def image_payload(segment: Any) -> ImagePayload:
+    """An image segment: {"pixels": nested lists (H, W, 3) of 0..255} or {"width": W, "height": H,
+    "base64": raw RGB bytes, row-major} (no PNG decoder is needed: give decoded pixels)."""
+    if not isinstance(segment, dict):
+        raise MultimodalInputError(f"an image segment is an object with `pixels` or `base64`, not {type(segment).__name__}")
+    if "pixels" in segment:
+        rows = segment["pixels"]
+        try:
+            height, width = len(rows), len(rows[0])
+            flat = bytes(int(channel) for row in rows for pixel in row for channel in pixel)
+        except (TypeError, ValueError, IndexError):
+            raise MultimodalInputError("an image's `pixels` are rows of [r, g, b] lists of ints 0..255") from None
+        if len(flat) != height * width * 3:
+            raise MultimodalInputError(f"an image's `pixels` must be {height} rows of {width} [r, g, b] pixels")
+        return ImagePayload(width, height, flat)
+    if "base64" in segment:
+        try:
+            width, height = int(segment["width"]), int(segment["height"])
+            data = base64.b64decode(segment["base64"], validate=True)
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            raise MultimodalInputError("a base64 image needs `width`, `height` and `base64` (raw RGB bytes)") from None
+        if len(data) != width * height * 3 or width < 1 or height < 1:
+            raise MultimodalInputError(f"a {width}x{height} RGB image is {width * height * 3} bytes; `base64` holds {len(data)}")
+        return ImagePayload(width, height, data)
+    raise MultimodalInputError("an image segment needs `pixels` (rows of [r, g, b]) or `width`, `height`, `base64`")
+
+
+def _segments(request: Any) -> list[dict]:
+    segments = request.get("segments") if isinstance(request, dict) else None
+    if not isinstance(segments, list) or not segments:
+        raise MultimodalInputError('the request is {"segments": [{"type": "text", "text": ...}, {"type": "image", ...}]}')
+    return segments
+
+
+# ── the roles ──
+
+
+class Frontend:
+    async def parse(self, ctx, request):
+        for index, segment in enumerate(_segments(request)):
+            kind = segment.get("type") if isinstance(segment, dict) else None
+            if kind == "text" and isinstance(segment.get("text"), str):
+                yield {"text_seg": {"text": segment["text"], "index": index}}
+            elif kind == "image":
+                yield {"image_seg": image_payload(segment)}
+            else:
+                raise MultimodalInputError(f"segment {index}: give type `text` with a `text` string, or type `image`")
+
+
+class Embed:
+    async def setup(self, ctx) -> None:
+        MultimodalRuntime.shared()
+
+    async def encode(self, ctx, text_seg):
+        runtime = MultimodalRuntime.shared()
+        ids = runtime.tokenizer.encode(text_seg["text"]) or [runtime.tokenizer.pad_id]
+        return {"txt_emb": {"tokens": ids, "hidden": runtime.embedder.embed(ids)}}
+
+
+class Vit:
+    async def setup(self, ctx) -> None:
+        MultimodalRuntime.shared()
+
+    async def encode(self, ctx, image_seg):
+        from flowstd.models import tensor_content_hash
+
+        runtime = MultimodalRuntime.shared()
+        pixels = image_seg.pixels()
+        content = tensor_content_hash(pixels)
+        cached = content in runtime.vit_cache
+        rows = await runtime.vit_cache.get(content, lambda: runtime.vit.encode(pixels))
+        return {"vit_emb": {"content": content, "hidden": rows, "cached": cached}}
+
+
+class Vae:
+    async def setup(self, ctx) -> None:
+        MultimodalRuntime.shared()
+
+    async def encode(self, ctx, image_seg):
+        return {"vae_lat": MultimodalRuntime.shared().vae.encode(image_seg.pixels())}
+
+    async def decode(self, ctx, latent):
+        return {"image": GeneratedImage(MultimodalRuntime.shared().vae.decode(latent))}
+
+
+@dataclass
+class GeneratedImage:
+    """A decoded image (uint8 (H, W, 3)); events show its size and mean brightness."""
+
+    pixels: Any
+
+    def summary(self) -> dict:
+        height, width, _ = self.pixels.shape
+        return {
+            "image": {"width": int(width), "height": int(height), "mode": "RGB", "mean": round(float(self.pixels.float().mean()))}
+        }
+
+
+class Llm:
+    async def setup(self, ctx) -> None:
+        MultimodalRuntime.shared()
+
+    async def generate(self, ctx, txt_emb=None, vit_emb=None, vae_lat=None):
+        runtime = MultimodalRuntime.shared()
+        if txt_emb is not None:
+            item = Text(txt_emb["tokens"], hidden=txt_emb["hidden"])
+            segment = {"segment": "text", "encoder_cache_hit": None}
+        else:
+            item = Media("image", content=vit_emb["content"], hidden=vit_emb["hidden"])
+            segment = {"segment": "image", "encoder_cache_hit": bool(vit_emb["cached"])}
+        async with ctx.kv(GLOBAL) as kv:
+            engines = runtime.for_pool(kv)
+            plan = await engines.matcher.incremental(kv, [item])
+            # each token is sent as it is sampled: the generation runs as a task feeding a queue
+            tokens: asyncio.Queue = asyncio.Queue()
+            task = asyncio.ensure_future(
+                engines.generator.generate(kv, plan, max_new_tokens=NEW_TOKENS, on_token=tokens.put_nowait)
+            )
+            task.add_done_callback(lambda _: tokens.put_nowait(None))
+            try:
+                while (token := await tokens.get()) is not None:
+                    yield {"token": runtime.tokenizer.decode([token], skip_special_tokens=False)}
+                result = await task
+            finally:
+                if not task.done():  # the consumer went away mid-stream: stop generating before the pages go
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+        import torch
+
+        history = engines.matcher.history(ctx.session)
+        ran = len(result.context_slots)
+        yield {
+            "usage": {
+                **segment,
+                "prompt_tokens": result.prompt_tokens,
+                "reused_tokens": result.reused_tokens,
+                "computed_tokens": result.computed_tokens,
+                "hit_pages": plan.hit_pages,
+            }
+        }
+        yield {
+            "hidden": {
+                "last": result.hidden,
+                # a copy: a view would carry its whole storage across processes
+                "rows": torch.as_tensor(history.rows_between(0, ran)).clone(),
+                "keys": list(history.keys[: ran // PAGE_TOKENS]),
+            }
+        }
+
+
+class Dit:
+    async def setup(self, ctx) -> None:
+        MultimodalRuntime.shared()
+
+    async def denoise(self, ctx, hidden, vit_emb=(), vae_lat=()):
+        """A latent attending to the context of the first `hidden` (the LLM's first activation);
+        `vit_emb` is only joined (image_chat's topology: the DiT starts once every image is encoded),
+        the first of `vae_lat` steers it (an edit)."""
+        runtime = MultimodalRuntime.shared()
+        hidden = hidden[0] if isinstance(hidden, list) else hidden
+        latents = list(vae_lat) if isinstance(vae_lat, (list, tuple)) else [vae_lat]
+        condition = latents[0] if latents else None  # an edit: the first image steers the latent
+        async with ctx.kv(GLOBAL) as kv:
+            engines = runtime.for_pool(kv)
+            context = await place_context(kv, engines.engine, hidden["rows"], hidden["keys"], batcher=engines.batcher)
+            latent = await engines.sampler.sample(
+                context.slots, hidden["last"], size=(IMAGE_SIZE // 8, IMAGE_SIZE // 8), steps=DIT_STEPS, image_condition=condition
+            )
+        return {"latent": latent}
