@@ -445,6 +445,7 @@ def _prepare_output(out: Path) -> None:
     help="Where KVCache globals keep their page metadata: `embedded` (each process its own) or redis://HOST:PORT/DB, "
     "shared by every process of the deployment (docs/kv.md) [default: $FLOWRT_KV_META, else embedded].",
 )
+@click.option("--trace", "trace_file", metavar="FILE", help="With --once: write the call's Chrome trace (Perfetto) to FILE.")
 @click.option("--debug", "run_debug", is_flag=True, help="Log debug records and full tracebacks (as `flowc --debug run`).")
 @_color_option
 @click.pass_context
@@ -464,6 +465,7 @@ def run(
     heartbeat_ttl: str | None,
     pool_mb: str | None,
     kv_meta: str | None,
+    trace_file: str | None,
     run_debug: bool,
     color: bool | None,
 ) -> None:
@@ -486,7 +488,7 @@ def run(
     Examples:
       flowc run examples/image_chat/pipeline.flow --once chat \\
           --input '{"request": {"segments": [{"type": "text", "text": "a red cat"}]}}'
-      flowc run build/image_chat --once chat --input @request.json --session s1
+      flowc run build/image_chat --once chat --input @request.json --session s1 --trace call.json
       flowc run build/image_chat --http 127.0.0.1:8000 --session-ttl 600
     """
     import asyncio
@@ -501,6 +503,8 @@ def run(
             "--input, --session and --timeout belong to one call: add --once GRAPH, "
             "or leave them out to serve (a request gives its own)"
         )
+    if trace_file is not None and graph_name is None:
+        raise click.UsageError("--trace records one call: add --once GRAPH (a served call asks with ?trace=1)")
     seconds = running.option_value(options.timeout_seconds, "--timeout", timeout)
     ttl = running.option_value(options.session_ttl_seconds, "--session-ttl", session_ttl)
     cap = running.option_value(options.session_cap, "--max-sessions", max_sessions)
@@ -524,8 +528,28 @@ def run(
         if graph_name is None:
             running.serve_bundle(bundle_dir, http, ttl, cap, body_mb, placement, debug)
             return
-        code = asyncio.run(running.run_once(bundle_dir, graph_name, inputs, session, seconds, placement, debug))
+        code = asyncio.run(running.run_once(bundle_dir, graph_name, inputs, session, seconds, placement, debug, trace_file))
     sys.exit(code)
+
+
+@main.command()
+@click.argument("file")
+@click.option("-o", "--output", required=True, help="The picture: call.svg, or call.html (the picture and a table).")
+def trace(file: str, output: str) -> None:
+    """Draw one call's trace (from `run --trace` or `?trace=1`) with a swimlane per replica
+    and a bar per activation (docs/observe.md).
+
+    \b
+    Examples:
+      flowc run build/image_chat --once chat --input @request.json --trace call.json
+      flowc trace call.json -o call.svg
+    """
+    from flowrt.observe.picture import TraceFileError, write_picture
+
+    try:
+        click.echo(write_picture(file, output))
+    except TraceFileError as error:
+        raise click.UsageError(str(error)) from None
 
 
 @main.command()

@@ -158,12 +158,15 @@ async def run_once(
     timeout: float | None,
     placement: dict | None = None,
     debug: bool = False,
+    trace_file: str | None = None,
 ) -> int:
-    """Call `graph` once, print its events as JSON lines; the exit status."""
+    """Call `graph` once, print its events as JSON lines; the exit status. With `trace_file`,
+    the call's Chrome trace is written there (flowrt.observe.trace)."""
     from flowrt.control import FlowrtError
     from flowrt.deploy import open_deployment
     from flowrt.values import event_json
 
+    trace = _trace_to(trace_file) if trace_file is not None else None
     signals = _Signals()
     signals.install()
     try:
@@ -181,7 +184,7 @@ async def run_once(
         signals.runtime = runtime
         if signals.received is not None:
             return 128 + signals.received
-        async for event in runtime.call(graph, inputs, session=session, timeout=timeout):
+        async for event in runtime.call(graph, inputs, session=session, timeout=timeout, observer=trace):
             click.echo(event_json(event))
             if event["event"] == "done":
                 status = event["status"]
@@ -189,9 +192,29 @@ async def run_once(
         raise Refused(str(error)) from None
     finally:
         await deployment.close()
+    if trace is not None:
+        _write_trace(trace, trace_file)
     if signals.received is not None:
         return 128 + signals.received
     return 0 if status == "ok" else 1
+
+
+def _trace_to(path: str) -> Any:
+    """--trace FILE: the observer that records the call; Refused at once if FILE cannot be written."""
+    from flowrt.observe import CallTrace
+
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir() or not folder.is_dir() or not os.access(target if target.exists() else folder, os.W_OK):
+        raise Refused(f"--trace: cannot write {path}; choose a file in a writable directory, e.g. --trace call.json")
+    return CallTrace("flowc run")
+
+
+def _write_trace(trace: Any, path: str) -> None:
+    try:
+        Path(path).write_text(json.dumps(trace.chrome_trace()) + "\n", encoding="utf-8")
+    except OSError as error:
+        raise Refused(f"--trace: cannot write {path}: {error.strerror or error}; choose a writable path") from None
 
 
 @contextlib.asynccontextmanager

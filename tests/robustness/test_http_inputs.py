@@ -9,6 +9,7 @@ plain text (there is no route yet to answer in JSON); their rows check the statu
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -232,6 +233,12 @@ ROWS = [
         400,
         "the body is not JSON (Content-Type: multipart/form-data)",
     ),
+    (
+        "gzip-that-is-not-gzip",
+        post("/graphs/echo", b'{"request": 1}', **{"Content-Encoding": "gzip"}),
+        400,
+        "the body could not be read (Can not decode content-encoding: gzip)",
+    ),
     ("header-too-long", request("GET", "/health", headers={"X-Long": "a" * 20_000}), 400, None),
     ("not-http", b"BLAH\r\n\r\n", 400, None),
 ]
@@ -258,6 +265,7 @@ GOOD_ROWS = [
     ("json-as-text-plain", post("/graphs/echo", b'{"request": 1}', "text/plain"), 1),
     ("form-content-type-as-curl-sends", post("/graphs/echo", b'{"request": 2}', "application/x-www-form-urlencoded"), 2),
     ("chunked-body", post("/graphs/echo", chunked(b'{"request": 3}'), **{"Transfer-Encoding": "chunked"}), 3),
+    ("gzip-body", post("/graphs/echo", gzip.compress(b'{"request": 5}'), **{"Content-Encoding": "gzip"}), 5),
     ("session-in-query", post("/graphs/echo?session=%C3%A9t%C3%A9", b'{"request": 4}'), 4),
     ("moderately-deep", post("/graphs/echo", b'{"request": ' + b"[" * 500 + b"]" * 500 + b"}"), None),
 ]

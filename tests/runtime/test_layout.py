@@ -14,11 +14,12 @@ from tests.conftest import REPO
 FLOWRT = REPO / "runtime" / "flowrt"
 BASE = {"flowrt", "tables", "values", "errors", "options", "entry_types", "logs"}
 ALLOWED = {  # package -> what it may import (its own modules too)
-    "deploy": {"gateway", "registry", "memory", "params", "compute", "transport", "control", "bundle"} | BASE,
+    "deploy": {"gateway", "observe", "registry", "memory", "params", "compute", "transport", "control", "bundle"} | BASE,
     "compute": {"params", "memory"} | BASE,
     "params": {"memory"} | BASE,
     "memory": {"transport"} | BASE,
-    "gateway": {"control"} | BASE,
+    "gateway": {"control", "observe"} | BASE,
+    "observe": {"flowrt", "values"},  # (DESIGN §2: nothing of flowrt but values)
     "registry": {"transport"} | BASE,
     "transport": BASE,
     "control": {"bundle"} | BASE,

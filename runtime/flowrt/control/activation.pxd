@@ -5,7 +5,8 @@ cdef class Activation:
     cdef public NodeProgram node
     cdef public Py_ssize_t group, aid, replica, yielded, children
     cdef public dict inputs
-    cdef public tuple roots, extras, order
+    cdef public tuple roots, extras, order, sources
+    cdef public double started
     cdef public bint finished, pause
     cdef public Activation parent
     cdef public object resume

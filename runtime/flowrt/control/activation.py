@@ -31,6 +31,8 @@ class Activation:
         "children",
         "pause",
         "resume",
+        "sources",
+        "started",
     )
 
     def __init__(self, node: NodeProgram, group: int, aid: int, inputs: dict, roots: tuple, order: tuple):
@@ -48,6 +50,11 @@ class Activation:
         self.children = 0  # activations its frames readied that have not finished
         self.pause = False  # give the loop a turn, and maybe wait, before its next frame
         self.resume: asyncio.Future | None = None  # set while it waits for its consumers
+        # for an observer (flowrt.observe), set only while one is installed: the ids (producer
+        # aid, yield index) of the frames it consumes, (0, 0) for the caller's entry values; and
+        # when it started, in the observer's clock
+        self.sources: tuple = ()
+        self.started = 0.0
 
     def order_bound(self) -> tuple | None:
         """The smallest order key its frames still to come can have (None: no more frames).

@@ -14,5 +14,6 @@ cdef class Bucket:
     cpdef Py_ssize_t ended(self, Py_ssize_t slot) except -1
     cpdef Py_ssize_t unreachable(self, Py_ssize_t slot, object reason, object origin) except -1
     cdef Py_ssize_t _decide(self) except -1
+    cpdef bint received(self, Py_ssize_t slot) except -1
     cpdef object order_bound(self)
     cpdef dict inputs(self)

@@ -75,6 +75,10 @@ class Bucket:
             return DEAD
         return FIRED
 
+    def received(self, slot: int) -> bool:
+        """Whether `slot` holds what the activation gets (a value, or a stream's frames)."""
+        return self.state[slot] == RECEIVED
+
     def order_bound(self) -> tuple | None:
         """The smallest order key the activation of this bucket can have (None once closed)."""
         return None if self.closed else self.order

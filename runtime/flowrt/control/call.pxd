@@ -11,6 +11,7 @@ from flowrt.control.sequencer cimport Sequencer
 cdef Py_ssize_t CALLER, DIRECT, JOIN, STREAM_SLOT, PAUSE_EVERY, OUTBOX_HIGH, CHILDREN_HIGH
 cdef object EMPTY, ERROR, CANCEL
 cdef NoTimeout NO_TIMEOUT
+cdef tuple ENTRY_FRAMES
 
 cdef class Call(Delivery):
     cpdef start(self)
@@ -24,7 +25,9 @@ cdef class Call(Delivery):
     cdef _finish(self)
     cpdef cancel(self, str reason=*)
     cpdef fail(self, str message, str where)
-    @cython.locals(node=NodeProgram, sequencer=Sequencer, consumer=OrderConsumer, reset=Py_ssize_t, producer=Activation)
+    @cython.locals(
+        node=NodeProgram, sequencer=Sequencer, consumer=OrderConsumer, reset=Py_ssize_t, producer=Activation, sending=tuple
+    )
     cdef _schedule(self, Activation act)
     cdef _spawn(self, object act)
     cdef _launch(self)
@@ -42,7 +45,10 @@ cdef class Call(Delivery):
     cpdef taken(self)
     cdef _role_failed(self, Activation act, object error, object result)
     cdef tuple _out_order(self, NodeProgram node, tuple order, Py_ssize_t yidx)
-    @cython.locals(node=NodeProgram, route=Route, edge=Edge, kind=Py_ssize_t, order=tuple, key=tuple, roots=tuple, opened=tuple)
+    @cython.locals(
+        node=NodeProgram, route=Route, edge=Edge, kind=Py_ssize_t, order=tuple, key=tuple, roots=tuple, opened=tuple,
+        direct=Activation,
+    )
     cdef _dispatch_frame(self, Activation act, dict frame, Py_ssize_t yidx, dict streams)
     @cython.locals(route=Route, edge=Edge, out_roots=tuple)
     cdef _dispatch_phantom(self, NodeProgram node, Py_ssize_t aid, tuple roots, object reason, tuple origin)

@@ -45,6 +45,7 @@ PAUSE_EVERY, OUTBOX_HIGH, CHILDREN_HIGH = bounds.PAUSE_EVERY, bounds.OUTBOX_HIGH
 CALLER, DIRECT, JOIN, STREAM_SLOT = _program.CALLER, _program.DIRECT, _program.JOIN, _program.STREAM_SLOT
 EMPTY, ERROR, CANCEL = Reason.EMPTY, Reason.ERROR, Reason.CANCEL
 NO_TIMEOUT: NoTimeout = _activation.NO_TIMEOUT
+ENTRY_FRAMES = ((0, 0),)  # observing: the id of the caller's entry values (no activation has aid 0)
 
 
 class Call(Delivery):
@@ -56,6 +57,10 @@ class Call(Delivery):
             for reset in join.reset_counters:
                 self.alive[reset] += 1
         act = Activation(self.program.start, 0, self._aid(), self.inputs, (), ())
+        if self.observer is not None:
+            if self.track_frames:
+                act.sources = ENTRY_FRAMES
+            self.observer.call_started(self)
         self._dispatch_frame(act, self.inputs, 0, None)  # frames are only read: the caller's copy will do
         self._activation_done(act.node, None)
         self._launch()
@@ -157,6 +162,9 @@ class Call(Delivery):
         done = {"event": "done", "status": status, "errors": list(self.errors), "missing": missing}
         if self.cancelled:
             done["reason"] = self.cancel_reason
+        if self.observer is not None:
+            self.arrivals.clear()
+            self.observer.call_ended(self, status)
         self._emit(done)
         self._emit(None)
         self.ended = True
@@ -189,7 +197,9 @@ class Call(Delivery):
         self.in_flight += 1
         self.running_by_node[node.index] += 1
         if not node.interface:
+            sending = self.sending  # (observing: what the frame being dispatched, if any, goes on with)
             self._dispatch_frame(act, act.inputs, 0, None)
+            self.sending = sending
             self.running_by_node[node.index] -= 1
             self._activation_done(node, None)
             return
@@ -264,6 +274,8 @@ class Call(Delivery):
             while True:
                 node = act.node
                 streams: dict | None = {} if node.feeds_stream_slots else None
+                if self.observer is not None:
+                    self.observer.activation_started(self, act)
                 reason: Reason | None = None
                 result = limit = None
                 try:
@@ -335,6 +347,8 @@ class Call(Delivery):
                     self._role_failed(act, error, result)
                 finally:
                     self._finished(act)
+                    if self.observer is not None:
+                        self.observer.activation_ended(self, act, reason)
                     if act.yielded == 0:
                         self._dispatch_phantom(node, act.aid, act.roots, reason or EMPTY, (node.index, act.aid))
                     if streams:
@@ -442,6 +456,8 @@ class Call(Delivery):
 
     def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
         node = act.node
+        if self.track_frames:  # a node without a role (the entry, a placeholder) passes its frames on
+            self.sending = ((act.aid, yidx),) if node.interface else act.sources
         roots = _out_roots(node, act.aid, act.roots, yidx) if node.diamond_root or (act.roots and node.carried) else ()
         order = self._out_order(node, act.order, yidx)
         for route in node.routes:
@@ -453,7 +469,10 @@ class Call(Delivery):
                     if kind == CALLER:
                         self._caller_arrived(edge, value, order)
                     elif kind == DIRECT:
-                        self._schedule(Activation(edge.node, edge.group.index, self._aid(), {name: value}, roots, order))
+                        direct = Activation(edge.node, edge.group.index, self._aid(), {name: value}, roots, order)
+                        if self.track_frames:
+                            direct.sources = self.sending
+                        self._schedule(direct)
                     elif kind == JOIN:
                         self._join_arrived(edge.node, name, value)
                     else:

@@ -12,7 +12,9 @@ cdef Py_ssize_t CALLER, DIRECT, JOIN, WAITING, FIRED, ORDERED_STREAM
 cdef object EMPTY, ERROR, CANCEL
 
 cdef class Delivery:
-    cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop
+    cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop, observer
+    cdef public tuple sending
+    cdef public dict arrivals
     cdef public GraphProgram program
     cdef public str graph
     cdef public Py_ssize_t call_id, in_flight, running, phantoms, eager_depth, last_aid, tickets
@@ -21,7 +23,7 @@ cdef class Delivery:
     cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored, order_waiting
     cdef public Activation producer
     cdef public list outbox_waiters
-    cdef public bint cancelled, failed, ended, custom_tasks
+    cdef public bint cancelled, failed, ended, custom_tasks, track_frames
     cdef public str cancel_reason
 
     cdef Py_ssize_t _aid(self)
@@ -34,13 +36,13 @@ cdef class Delivery:
     cdef _unreachable(self, Edge edge, tuple key, tuple roots, object reason, object origin)
     @cython.locals(bucket=Bucket, node=NodeProgram, reset=Py_ssize_t)
     cdef Bucket _bucket(self, Edge edge, tuple bucket_key, tuple roots)
-    @cython.locals(node=NodeProgram, reset=Py_ssize_t)
+    @cython.locals(node=NodeProgram, reset=Py_ssize_t, act=Activation)
     cdef _close_bucket(self, Edge edge, tuple bucket_key, Bucket bucket, Py_ssize_t outcome)
     @cython.locals(aid=Py_ssize_t)
     cdef _dead(self, NodeProgram node, tuple roots, object reason, object origin)
     @cython.locals(state=JoinState)
     cdef _join_arrived(self, NodeProgram node, str name, object value)
-    @cython.locals(state=JoinState, j=JoinField)
+    @cython.locals(state=JoinState, j=JoinField, act=Activation)
     cdef bint _try_join(self, NodeProgram node, bint final) except -1
     @cython.locals(reset=Py_ssize_t)
     cdef _join_resolved(self, NodeProgram node)
@@ -63,5 +65,6 @@ cdef class Delivery:
     cdef _spawn(self, object act)
     cdef _dispatch_phantom(self, NodeProgram node, Py_ssize_t aid, tuple roots, object reason, tuple origin)
 
+cdef tuple _consumed(Bucket bucket, dict frames)
 @cython.locals(join=JoinField)
 cdef bint counts_met(NodeProgram node, JoinState state) except -1

@@ -13,6 +13,12 @@ Order (docs/runtime.md, rule 7): every present frame carries an order key, a tup
 one level per streaming hop. Ordered streams and ordered session nodes hold what arrives early
 and let it through once no work in flight can still send them a smaller key (`_lower_bound`,
 over the work the plan says can reach them: program.OrderConsumer); nothing is ever dropped.
+
+Observing (flowrt.observe): `observer` is None unless the caller installed one, and each place
+that reports to it costs one `is None` check when none is. Where the observer asks for it (its
+`frames` attribute is true: a trace), the call also tracks which frames each activation consumes
+(`track_frames`, `sending`, `arrivals`; `Activation.sources`), so a trace can draw an arrow from
+every frame's producer to its consumer; metrics do not pay for that.
 """
 
 from __future__ import annotations
@@ -86,6 +92,10 @@ class Delivery:
         self.outbox_waiters: list[Activation] = []  # activations waiting for the caller to take events
         self.returned: set[str] = set()
         self.errored: set[str] = set()
+        self.observer: Any = None  # flowrt.observe's hooks for this call, or None (set before `start`)
+        self.track_frames = False  # the observer wants each activation's `sources` (set with it)
+        self.sending: tuple = ()  # observing: the ids of the frame being dispatched (Activation.sources)
+        self.arrivals: dict = {}  # observing: per open bucket or join, the ids of the frames per slot or field
 
     def _aid(self) -> int:
         self.last_aid += 1
@@ -103,6 +113,8 @@ class Delivery:
         bucket = self._bucket(edge, bucket_key, roots)
         if bucket is None:
             return
+        if self.track_frames:
+            self.arrivals.setdefault(bucket_key, {}).setdefault(edge.slot, []).extend(self.sending)
         before = bucket.order
         outcome = bucket.arrived(edge.slot, value, order)
         if bucket.order is not before:  # its activation's key can now be this small
@@ -169,8 +181,13 @@ class Delivery:
         for reset in node.reset_counters:
             self.alive[reset] -= 1
         if outcome == FIRED:
-            self._schedule(Activation(node, edge.group.index, self._aid(), bucket.inputs(), bucket.roots, bucket.order))
+            act = Activation(node, edge.group.index, self._aid(), bucket.inputs(), bucket.roots, bucket.order)
+            if self.track_frames:
+                act.sources = _consumed(bucket, self.arrivals.pop(bucket_key, {}))
+            self._schedule(act)
         else:
+            if self.track_frames:
+                self.arrivals.pop(bucket_key, None)
             self._dead(node, bucket.roots, bucket.reason or EMPTY, bucket.origin)
 
     def _dead(self, node: NodeProgram, roots: tuple, reason: Reason, origin: tuple | None) -> None:
@@ -194,6 +211,8 @@ class Delivery:
                 state.values[name] = [value]
             else:
                 values.append(value)
+            if self.track_frames:
+                self.arrivals.setdefault(("join", node.index), {}).setdefault(name, []).extend(self.sending)
             self._try_join(node, False)
 
     def _try_join(self, node: NodeProgram, final: bool) -> bool:
@@ -217,7 +236,11 @@ class Delivery:
         self._join_resolved(node)
         # a counted field passes exactly its first N frames; `all` passes every frame
         inputs = {j.field: list(state.values.get(j.field, ()))[: j.threshold] for j in node.join or ()}
-        self._schedule(Activation(node, 0, self._aid(), inputs, (), ()))  # one per call: the empty key
+        act = Activation(node, 0, self._aid(), inputs, (), ())  # one per call: the empty key
+        if self.track_frames:
+            frames = self.arrivals.pop(("join", node.index), {})
+            act.sources = tuple(f for j in node.join or () for f in frames.get(j.field, [])[: j.threshold])
+        self._schedule(act)
         return True
 
     def _join_resolved(self, node: NodeProgram) -> None:
@@ -357,6 +380,19 @@ class Delivery:
 
     def _activation_done(self, node: NodeProgram, act: Activation | None) -> None:
         raise NotImplementedError
+
+
+def _consumed(bucket: Bucket, frames: dict) -> tuple:
+    """The ids of the frames a fired bucket passes on (observing): per field, those of the first
+    slot that received one, as `Bucket.inputs` picks its values."""
+    consumed: list = []
+    fields = bucket.group.fields
+    seen = set()
+    for i in range(len(fields)):
+        if bucket.received(i) and fields[i] not in seen:
+            seen.add(fields[i])
+            consumed += frames.get(i, ())
+    return tuple(consumed)
 
 
 def counts_met(node: NodeProgram, state: JoinState) -> bool:

@@ -11,6 +11,9 @@ retirement (its turn released, its session's state kept or dropped); retirement 
 call's end, not to its caller, so a caller that goes away in any way (a closed iterator, a
 cancelled task, a failed write) never leaves a call or a session behind. Every stateful piece
 reports `statistics()` so tests can assert that nothing outlives its call.
+
+`observer` (None, or hooks from flowrt.observe: metrics, say) hears of every call and
+activation; a call may name its own instead (`call(..., observer=)`: a trace of that call).
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ class Runtime:
         self.last_call: Call | None = None  # the most recent finished call, for inspection
         self._idle_waiters: list[asyncio.Future] = []  # wait_idle() callers, woken when no call is in flight
         self._retiring: set[asyncio.Task] = set()  # calls whose caller left, retired when they end
+        self.observer: Any = None  # what every call reports to (flowrt.observe), unless it names its own
 
     @classmethod
     async def open(
@@ -196,12 +200,18 @@ class Runtime:
     # ── calls ──
 
     async def call(
-        self, graph: str, inputs: dict[str, Any], session: str | None = None, timeout: float | None = None
+        self,
+        graph: str,
+        inputs: dict[str, Any],
+        session: str | None = None,
+        timeout: float | None = None,
+        observer: Any = None,
     ) -> AsyncIterator[dict]:
         """Call a graph; yields its events (stream, return, done) as dicts. Bad inputs raise
-        UnknownGraph, BadInputs or BadTimeout at the first step."""
+        UnknownGraph, BadInputs or BadTimeout at the first step. `observer` (flowrt.observe)
+        hears of this call instead of the runtime's `observer`."""
         program, inputs, deadline = self._prepare(graph, inputs, timeout)
-        call, watchdog, anonymous = await self._admit(program, inputs, session, deadline)
+        call, watchdog, anonymous = await self._admit(program, inputs, session, deadline, observer)
         try:
             call.start()
             outbox = call.outbox
@@ -220,17 +230,22 @@ class Runtime:
             await self._leave(call, watchdog, anonymous)
 
     def call_batches(
-        self, graph: str, inputs: dict[str, Any], session: str | None = None, timeout: float | None = None
+        self,
+        graph: str,
+        inputs: dict[str, Any],
+        session: str | None = None,
+        timeout: float | None = None,
+        observer: Any = None,
     ) -> AsyncIterator[list[dict]]:
         """Like `call`, but bad inputs raise here, at once, and the events come in lists: all
         the events ready when the caller asks, so a server can write them at once."""
         program, inputs, deadline = self._prepare(graph, inputs, timeout)
-        return self._batches(program, inputs, session, deadline)
+        return self._batches(program, inputs, session, deadline, observer)
 
     async def _batches(
-        self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None
+        self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None, observer: Any
     ) -> AsyncIterator[list[dict]]:
-        call, watchdog, anonymous = await self._admit(program, inputs, session, deadline)
+        call, watchdog, anonymous = await self._admit(program, inputs, session, deadline, observer)
         try:
             call.start()
             outbox = call.outbox
@@ -262,7 +277,7 @@ class Runtime:
             raise BadTimeout(f"timeout: {error}") from None
 
     async def _admit(
-        self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None
+        self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None, observer: Any = None
     ) -> tuple[Call, asyncio.TimerHandle | None, bool]:
         """Wait for the session's turn; the call (not started), its watchdog, and whether its
         session is its own."""
@@ -282,6 +297,8 @@ class Runtime:
                     self._wake_idle()
                 raise
         call = Call(self, program, inputs, session, call_id)
+        call.observer = self.observer if observer is None else observer
+        call.track_frames = bool(getattr(call.observer, "frames", False))  # (a trace's arrows need them)
         self.calls.add(call)
         watchdog = call.loop.call_later(deadline, call.cancel, "timeout") if deadline else None
         return call, watchdog, anonymous

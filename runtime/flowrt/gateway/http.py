@@ -5,19 +5,23 @@
     POST /graphs/{graph}          body: a JSON object of entry values (as `--input`);
                                   session: header `X-Flow-Session` or `?session=`; `?timeout=SECONDS`
                                   → 200 `application/x-ndjson`, one event per line, exactly the
-                                  lines `flowc run --once` prints, ending with the `done` event
+                                  lines `flowc run --once` prints, ending with the `done` event;
+                                  `?trace=1`: the `done` event carries the call's Chrome trace
+                                  under `trace` (flowrt.observe.trace; docs/observe.md)
     GET  /stats[?idle=SECONDS]    the runtime's statistics(); with `idle`, first waits (at most
                                   SECONDS) until no call is running or queued; under `local`
                                   and `ray`, also replicas up, restarts and each replica
                                   process's own statistics (`processes`)
+    GET  /metrics                 Prometheus text format: calls, activations, latency (flowrt.observe.metrics)
     POST /v1/chat/completions, GET /v1/models   OpenAI's chat API, errors too (flowrt.gateway.openai)
 
 Every answer that is not a call's event stream is JSON, and every error is `{"error": ...,
-"hint": ...}`: 400 for a body that is not a JSON object or a bad query value, 404 for an
-unknown graph or path, 405 for a method a path does not answer, 413 for a body over the limit,
-422 for inputs that do not match the graph's entry (names or declared types), 500 for a bug in
-flowrt (logged with its traceback). A client that disconnects cancels its call. Starting and
-stopping a server is flowrt.deploy.serving's.
+"hint": ...}`: 400 for a body that is not a JSON object (or that cannot be decoded as its
+`Content-Encoding` says) or a bad query value, 404 for an unknown graph or path, 405 for a
+method a path does not answer, 413 for a body over the limit, 422 for inputs that do not match
+the graph's entry (names or declared types), 500 for a bug in flowrt (logged with its
+traceback). A client that disconnects cancels its call. Starting and stopping a server is
+flowrt.deploy.serving's.
 
 A call's events are written as they become ready: all the events ready when the previous write
 returns go out in one write, so a burst costs one send, and an event never waits for a later one.
@@ -40,12 +44,15 @@ from aiohttp import web
 from flowrt import options
 from flowrt.control import CORE, BadInputs, BadTimeout, Runtime, UnknownGraph
 from flowrt.gateway import openai
+from flowrt.observe import CallTrace, Metrics, combine
+from flowrt.observe.metrics import CONTENT_TYPE as METRICS_TYPE
 from flowrt.options import DEFAULT_MAX_BODY_MB
 from flowrt.values import event_json
 
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
 DEPLOYMENT: web.AppKey[Any] = web.AppKey("deployment", object)  # flowrt.deploy.Deployment, when serving one
 MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)  # bytes
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)  # what GET /metrics reads; the runtime's observer
 NDJSON = "application/x-ndjson"
 log = logging.getLogger("flowrt.gateway")
 
@@ -67,7 +74,7 @@ def event_lines(events: list[dict[str, Any]]) -> bytes:
     return ("\n".join([event_json(event) for event in events]) + "\n").encode()
 
 
-ROUTES = "GET /health, GET /graphs, GET /stats, POST /graphs/GRAPH, POST /v1/chat/completions, GET /v1/models"
+ROUTES = "GET /health, GET /graphs, GET /stats, GET /metrics, POST /graphs/GRAPH, POST /v1/chat/completions, GET /v1/models"
 
 
 @web.middleware
@@ -145,14 +152,30 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(runtime.statistics())
 
 
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].exposition(), headers={"Content-Type": METRICS_TYPE})
+
+
+TRACE_FLAGS = {"1": True, "true": True, "0": False, "false": False}
+
+
+def unreadable_body(error: web.RequestPayloadError) -> str:
+    """What is wrong with a body aiohttp could not decode (a bad `Content-Encoding`, a broken chunk)."""
+    told = " ".join(str(error).split()).removeprefix("400, message: ")  # (aiohttp's wording)
+    return f"the body could not be read ({told})"
+
+
 _JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
 async def _read_inputs(request: web.Request, entry: tuple[str, ...]) -> Any:
     """The body as JSON, or an error answer saying what is wrong with it."""
-    body = await request.read()  # over the limit: HTTPRequestEntityTooLarge, answered by `json_errors`
     example = ", ".join(f'"{name}": ...' for name in entry or ("request",))
     hint = f"send a JSON object of entry values, e.g. {{{example}}}"
+    try:
+        body = await request.read()  # over the limit: HTTPRequestEntityTooLarge, answered by `json_errors`
+    except web.RequestPayloadError as error:  # e.g. `Content-Encoding: gzip` on a body that is not gzip
+        return _error(400, unreadable_body(error), f"{hint}, encoded as its Content-Encoding and Transfer-Encoding say")
     try:
         return json.loads(body)
     except RecursionError:
@@ -180,9 +203,16 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
             timeout = options.timeout_seconds(request.query["timeout"])
         except ValueError as error:
             return _error(400, f"`timeout`: {error}", "e.g. ?timeout=30 cancels the call after 30 s")
+    tracing = TRACE_FLAGS.get(request.query.get("trace", "0").lower())
+    if tracing is None:
+        return _error(
+            400, f"`trace`: expected 1 or 0, not {request.query['trace']!r}", "?trace=1 adds the call's trace to its done event"
+        )
+    trace = CallTrace("flowrt gateway") if tracing else None
     session = request.headers.get("X-Flow-Session") or request.query.get("session")
     try:
-        events = runtime.call_batches(graph, inputs, session=session, timeout=timeout)
+        observer = combine(runtime.observer, trace) if trace is not None else None
+        events = runtime.call_batches(graph, inputs, session=session, timeout=timeout, observer=observer)
     except UnknownGraph as error:
         return _error(404, str(error), "GET /graphs lists the graphs and their entry fields")
     except (BadInputs, BadTimeout) as error:
@@ -192,6 +222,9 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
         async for batch in events:
             data = event_lines(batch)
             if batch[-1]["event"] == "done":  # the call's last events
+                if trace is not None:
+                    batch[-1] = {**batch[-1], "trace": trace.chrome_trace()}
+                    data = event_lines(batch)
                 if response is None:  # all of them at once: one plain answer, one write
                     return web.Response(body=data, content_type=NDJSON)
                 await response.write_eof(data)
@@ -208,15 +241,30 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
 
 
 def application(runtime: Runtime, max_body_mb: float = DEFAULT_MAX_BODY_MB, deployment: Any = None) -> web.Application:
+    """The server's routes over `runtime`, whose calls it counts for /metrics from now on."""
     max_body = int(max_body_mb * 2**20)
     app = web.Application(middlewares=[json_errors], client_max_size=max_body)
     app[RUNTIME] = runtime
     if deployment is not None:
         app[DEPLOYMENT] = deployment
     app[MAX_BODY] = max_body
+    app[METRICS] = _metrics_of(runtime)
     app.router.add_get("/health", health)
     app.router.add_get("/graphs", graphs)
     app.router.add_get("/stats", stats)
+    app.router.add_get("/metrics", metrics)
     app.router.add_post("/graphs/{graph}", call_graph)
     openai.add_routes(app, runtime)
     return app
+
+
+def _metrics_of(runtime: Runtime) -> Metrics:
+    """The runtime's metrics observer, installed now if it has none (a second server over the
+    same runtime reads the same counts)."""
+    observers = getattr(runtime.observer, "observers", (runtime.observer,))
+    for observer in observers:
+        if isinstance(observer, Metrics):
+            return observer
+    counts = Metrics()
+    runtime.observer = combine(runtime.observer, counts)
+    return counts

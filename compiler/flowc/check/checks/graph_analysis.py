@@ -221,7 +221,9 @@ class Contribution(Check):
                 f"to run {'them' if several else 'it'} in `{name}`, stream or return a field {'they produce' if several else 'it produces'} "
                 f"({shown}); if {'they belong' if several else 'it belongs'} only to another graph, enter `{name}` through a "
                 f"placeholder {'they do' if several else 'it does'} not read",
-                tuple(Note(ir.nodes[n].span, f"`{n}` is reached from `{name}`'s entry but feeds none of its outputs") for n in idle),
+                tuple(
+                    Note(ir.nodes[n].span, f"`{n}` is reached from `{name}`'s entry but feeds none of its outputs") for n in idle
+                ),
             )
 
 

@@ -1,0 +1,15 @@
+"""flowrt.observe: seeing a running pipeline. It owns the hooks the control core calls while a
+graph runs (`hooks`), Prometheus metrics of calls and activations (`metrics`), the Chrome
+trace of one call (`trace`) and its picture as SVG or HTML (`picture`).
+
+It imports nothing of flowrt but values: the control core calls its observers through the
+hooks' four methods and knows nothing of this package; the gateway (GET /metrics,
+`?trace=1`) and the command line (`flowc run --trace`, `flowc trace`) install and read them.
+docs/observe.md is the guide.
+"""
+
+from flowrt.observe.hooks import Fanout, Observer, combine
+from flowrt.observe.metrics import Metrics
+from flowrt.observe.trace import CallTrace
+
+__all__ = ["CallTrace", "Fanout", "Metrics", "Observer", "combine"]

@@ -1,0 +1,71 @@
+"""GET /metrics on a real server (`flowc run DIR --http`, inproc): prometheus_client's own
+parser reads it, and its counts are those of the calls this test made, by graph, status,
+role and interface."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections import Counter
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.observe.helpers import BROKEN_IMAGE, REQUEST, RUNS, TEXT_ONLY, build_image_chat
+from tests.runtime.test_serve import lines, serving
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return build_image_chat(tmp_path_factory.mktemp("metrics"))
+
+
+def scrape(server) -> tuple[http.client.HTTPResponse, dict]:
+    """The answer to GET /metrics and its samples: (name, labels as sorted pairs) -> value."""
+    connection = server.connect()
+    connection.request("GET", "/metrics")
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return response, samples
+
+
+def test_metrics_count_the_calls_made_by_graph_status_and_role(bundle):
+    made = [("request", REQUEST), ("request", REQUEST), ("text_only", TEXT_ONLY), ("broken_image", BROKEN_IMAGE)]
+    statuses: Counter = Counter()
+    expected: Counter = Counter()
+    with serving(bundle) as server:
+        _, before = scrape(server)
+        assert not [k for k in before if k[0] == "flowrt_calls_total"]  # nothing counted before the first call
+        for index, (kind, request) in enumerate(made):
+            events = lines(server.post("/graphs/chat", json.dumps(request).encode(), {"X-Flow-Session": f"s{index % 2}"}))
+            statuses[events[-1]["status"]] += 1
+            expected += RUNS[kind]
+        assert server.post("/graphs/draw", b"{}").status == 404  # refused before it runs: not a call
+        response, samples = scrape(server)
+    assert response.status == 200 and response.getheader("Content-Type").startswith("text/plain; version=0.0.4")
+    assert statuses == {"ok": 3, "error": 1}
+    calls = {dict(labels)["status"]: value for (name, labels), value in samples.items() if name == "flowrt_calls_total"}
+    assert calls == {"ok": 3, "error": 1}
+    assert samples[("flowrt_calls_in_flight", (("graph", "chat"),))] == 0
+    assert samples[("flowrt_call_duration_seconds_count", (("graph", "chat"),))] == 4
+    assert samples[("flowrt_call_duration_seconds_bucket", (("graph", "chat"), ("le", "+Inf")))] == 4
+    counted = Counter(
+        {
+            (labels["role"], labels["interface"], labels["outcome"]): int(value)
+            for (name, pairs), value in samples.items()
+            if name == "flowrt_activations_total" and value and (labels := dict(pairs))
+        }
+    )
+    assert counted == expected
+    for (role, interface, _), _count in expected.items():
+        labels = (("interface", interface), ("role", role))
+        assert samples[("flowrt_activations_in_flight", labels)] == 0
+        ended = sum(v for (r, i, _), v in expected.items() if (r, i) == (role, interface))
+        assert samples[("flowrt_activation_duration_seconds_count", labels)] == ended
+    # llm streams 3 tokens and a hidden state per segment: 2 + 2 + 1 segments reached it
+    assert samples[("flowrt_frames_total", (("interface", "generate"), ("role", "llm")))] == 5 * 4
