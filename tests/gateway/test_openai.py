@@ -155,8 +155,31 @@ def test_a_json_graph_past_max_tokens_still_reports_its_other_outputs(client: op
         else:
             text, finish, flow = answer.choices[0].message.content, answer.choices[0].finish_reason, answer.flow
         assert (text, finish) == ("A B ", "length")
-        assert flow["tally"] == [{"words": 4}]
+        assert flow["tally"] == [{"words": 4, "finish_reason": "stop"}]
     assert_nothing_running(server)
+
+
+def test_a_graph_reports_its_own_finish_reason_and_token_counts(client: openai.OpenAI):
+    # `counted` stops at its own `budget` and says so (finish_reason length), then counts its tokens:
+    # the endpoint's finish_reason and usage are the graph's, not its own count of text chunks
+    for stream in (False, True):
+        answer = client.chat.completions.create(
+            model="counted",
+            messages=user("a b c d"),
+            stream=stream,
+            extra_body={"budget": 2},
+            **({"stream_options": {"include_usage": True}} if stream else {}),
+        )
+        if stream:
+            chunks = list(answer)
+            finish = next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
+            usage = chunks[-1].usage
+        else:
+            finish, usage = answer.choices[0].finish_reason, answer.usage
+        assert finish == "length"
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (4, 20, 24)
+    plain = client.chat.completions.create(model="counted", messages=user("a b c"))
+    assert plain.choices[0].finish_reason == "stop" and plain.usage.completion_tokens == 3  # no counts: its chunks
 
 
 @pytest.mark.parametrize(
@@ -207,7 +230,8 @@ def test_a_json_graph_past_max_tokens_still_reports_its_other_outputs(client: op
             "`messages[0].content[0].text` must be a string, not a number",
         ),
         ({"temperature": "hot"}, openai.BadRequestError, "temperature", "a number from 0 to 2, not a string"),
-        ({"top_p": 1.5}, openai.BadRequestError, "top_p", "a number from 0 to 1, not 1.5"),
+        ({"top_p": 1.5}, openai.BadRequestError, "top_p", "a number above 0 and at most 1, not 1.5"),
+        ({"top_p": 0}, openai.BadRequestError, "top_p", "a number above 0 and at most 1, not 0"),
         ({"stop": 5}, openai.BadRequestError, "stop", "a string or a list of at most 4 strings"),
         ({"seed": "abc"}, openai.BadRequestError, "seed", "a whole number, not a string"),
         ({"response_format": {"type": "json_object"}}, openai.BadRequestError, "response_format", '"json_object"'),
@@ -234,6 +258,7 @@ def test_a_json_graph_past_max_tokens_still_reports_its_other_outputs(client: op
         "text-part-a-number",
         "temperature-a-string",
         "top-p-out-of-range",
+        "top-p-zero",
         "stop-a-number",
         "seed-a-string",
         "json-mode",

@@ -44,6 +44,7 @@ log = logging.getLogger("flowrt.gateway")
 SSE = "text/event-stream"
 OWNER = "flowc"
 # a call that did not end `ok`: the HTTP status before the first byte, and the error's code
+FINISH_REASONS = ("stop", "length")  # what a graph may report of its own end
 ENDINGS = {"timeout": (504, "timeout"), "shutdown": (503, "shutdown"), "client gone": (499, "cancelled")}
 # what such an ending means, and the fix (`{graph}`: the graph's name)
 ENDING_MESSAGES = {
@@ -68,6 +69,8 @@ class Answer:
     done: dict[str, Any] | None = None
     finish: str | None = None  # "length" once the limit is reached; otherwise `done` decides
     failure: ChatError | None = None  # the text field sent something that is not text
+    reported_finish: str | None = None  # what the graph said of its own end (`_report`)
+    reported_usage: tuple[int, int] | None = None  # (prompt, completion) tokens the graph counted
 
     def take(self, batch: list[dict[str, Any]]) -> list[str]:
         """The text pieces among `batch`'s events (the other fields are kept for `flow`); stops
@@ -91,11 +94,24 @@ class Answer:
                     self.finish = "length"
                     if not self.shape.whole_body:
                         break
-            elif kind == "stream":
-                self.flow.setdefault(event["field"], []).append(summarize(event["value"]))
             else:
-                self.flow[event["field"]] = summarize(event["value"])
+                self._report(event["value"])
+                if kind == "stream":
+                    self.flow.setdefault(event["field"], []).append(summarize(event["value"]))
+                else:
+                    self.flow[event["field"]] = summarize(event["value"])
         return pieces
+
+    def _report(self, value: Any) -> None:
+        """A Json output that reports on the generation (flowstd's `llm` sends one): its
+        `finish_reason` (`stop` or `length`) and its token counts are the answer's."""
+        if not isinstance(value, dict):
+            return
+        if value.get("finish_reason") in FINISH_REASONS:
+            self.reported_finish = value["finish_reason"]
+        counts = [value.get(name) for name in ("prompt_tokens", "completion_tokens")]
+        if all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+            self.reported_usage = (counts[0], counts[1])
 
     @property
     def over(self) -> bool:
@@ -126,7 +142,7 @@ class Answer:
         done = self.done or {"status": "cancelled", "errors": [], "reason": "client gone"}
         errors = done.get("errors") or []
         if done["status"] == "ok" and not errors:
-            return "stop", None
+            return self.reported_finish or "stop", None
         graph = self.shape.graph
         if errors:  # a role failed, even one whose frames had reached the caller already
             told = "; ".join(
@@ -165,8 +181,8 @@ class Reply:
         }
 
     def usage(self) -> dict[str, int]:
-        chunks = self.answer.chunks
-        return {"prompt_tokens": 0, "completion_tokens": chunks, "total_tokens": chunks}
+        prompt, completion = self.answer.reported_usage or (0, self.answer.chunks)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     async def gathered(self, events: AsyncIterator[list[dict]]) -> web.Response:
         """The whole call as one `chat.completion` (or the HTTP error it ended with)."""

@@ -213,6 +213,7 @@ NUMBER_RANGES = {
     "presence_penalty": (-2.0, 2.0),
     "frequency_penalty": (-2.0, 2.0),
 }
+ABOVE_LOW = frozenset({"top_p"})  # ranges open at their low end
 RESPONSE_FORMATS = ("text",)  # a graph's text is what its roles write: no JSON mode to switch on
 MAX_STOPS = 4
 
@@ -223,7 +224,10 @@ def check_sampling(body: dict[str, Any]) -> None:
         value = body.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        if name in ABOVE_LOW:  # top_p 0 would keep no token to draw
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+                raise ChatError(400, f"`{name}` must be a number above {low:g} and at most {high:g}, not {_shown(value)}", name)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
             raise ChatError(400, f"`{name}` must be a number from {low:g} to {high:g}, not {_shown(value)}", name)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

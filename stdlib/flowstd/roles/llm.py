@@ -236,6 +236,7 @@ class Llm:
                 "reused_tokens": result.reused_tokens,
                 "computed_tokens": result.computed_tokens,
                 "generated_tokens": len(generated),
+                "completion_tokens": len(generated),  # (OpenAI's name: /v1/chat/completions reports it as usage)
                 "committed_pages": result.committed_pages,
                 "finish_reason": "stop" if generated and generated[-1] == self.tokenizer.eos_id else "length",
             }

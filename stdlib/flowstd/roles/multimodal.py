@@ -168,7 +168,12 @@ def image_payload(segment: Any) -> ImagePayload:
 def _segments(request: Any) -> list[dict]:
     segments = request.get("segments") if isinstance(request, dict) else None
     if not isinstance(segments, list) or not segments:
-        raise MultimodalInputError('the request is {"segments": [{"type": "text", "text": ...}, {"type": "image", ...}]}')
+        told = (
+            " (this is an OpenAI chat body: the multimodal module takes segments, not `messages`)"
+            if (isinstance(request, dict) and "messages" in request)
+            else ""
+        )
+        raise MultimodalInputError('the request is {"segments": [{"type": "text", "text": ...}, {"type": "image", ...}]}' + told)
     return segments
 
 

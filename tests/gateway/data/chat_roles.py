@@ -53,6 +53,10 @@ class Replier:
 class Counter:
     async def speak(self, ctx, order):
         words = order["messages"][-1]["content"].split()
-        for word in words:  # (ignores max_tokens: the endpoint caps what it sends)
+        said = words[: order.get("budget", len(words))]  # (ignores max_tokens: the endpoint caps what it sends)
+        for word in said:
             yield {"spoken": word.upper() + " "}
-        yield {"tally": {"words": len(words)}}  # after the text, as flowstd's llm reports its counts
+        # after the text, as flowstd's llm reports its end and its counts
+        yield {"tally": {"words": len(said), "finish_reason": "stop" if said == words else "length"}}
+        if "budget" in order:
+            yield {"tally": {"prompt_tokens": len(words), "completion_tokens": len(said) * 10}}
