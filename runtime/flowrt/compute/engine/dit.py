@@ -51,7 +51,7 @@ from flowrt.compute.engine.adapter import (
     StepResult,
 )
 from flowrt.compute.engine.kvbinding import BoundKV
-from flowrt.compute.engine.reference import plan_attention
+from flowrt.compute.engine.reference import gather_and_attend, plan_attention
 from flowrt.compute.engine.reference_model import _torch
 from flowrt.compute.engine.steps import check_batch
 from flowrt.params.layout import ITEM_BYTES, TORCH_DTYPES
@@ -399,26 +399,8 @@ class DitEngine(EngineAdapter):
 
     def _attend(self, plan: Any, q: Any, k: Any, v: Any, key_slots: Any, value_slots: Any) -> Any:
         """Gather each request's cached context by slot, append its own fresh K/V, attend (no writes)."""
-        torch, c = _torch(), self.config
-        cells = plan.requests * plan.context
-        grids = []
-        for slots, fresh in ((key_slots, k), (value_slots, v)):
-            grid = torch.zeros(cells, c.num_kv_heads, c.head_dim, dtype=fresh.dtype, device=fresh.device)
-            if len(plan.stack_slots):
-                grid.index_copy_(0, plan.stack_cells, slots.index_select(0, plan.stack_slots).to(fresh.dtype))
-            grid.index_copy_(0, plan.fresh_cells, fresh.index_select(0, plan.fresh_rows))
-            grids.append(grid.view(plan.requests, plan.context, c.num_kv_heads, c.head_dim).transpose(1, 2))
-        queries = torch.zeros(plan.requests * plan.new, c.num_heads, c.head_dim, dtype=q.dtype, device=q.device)
-        queries.index_copy_(0, plan.query_cells, q)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            queries.view(plan.requests, plan.new, c.num_heads, c.head_dim).transpose(1, 2),
-            grids[0],
-            grids[1],
-            attn_mask=plan.mask,
-            scale=1.0 / math.sqrt(c.head_dim),
-            enable_gqa=True,
-        )
-        return out.transpose(1, 2).reshape(-1, c.num_heads, c.head_dim).index_select(0, plan.query_cells)
+        c = self.config
+        return gather_and_attend(plan, q, k, v, key_slots, value_slots, c.num_heads, c.num_kv_heads, c.head_dim)
 
     def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
         self.bound.copy_slots(src, dst)

@@ -86,23 +86,23 @@ class ScratchPages:
         return self.pages[index] * self.page_tokens + offset
 
 
-class PagedGenerator:
-    """Generation on KV pages of one pool with one engine (see the module docstring)."""
+class EngineDriver:
+    """What the generators share: one engine, and the batcher that drives it if any, bound to one
+    pool's block stacks on first use; one step at a time through the batcher or alone."""
 
-    def __init__(self, engine: EngineAdapter, *, batcher: ContinuousBatcher | None = None, prefill_chunk: int | None = None):
+    def __init__(self, engine: EngineAdapter, batcher: ContinuousBatcher | None):
+        name = type(self).__name__
         if not isinstance(engine, EngineAdapter):
-            raise EngineError(f"PagedGenerator takes an EngineAdapter, not {type(engine).__name__}")
+            raise EngineError(f"{name} takes an EngineAdapter, not {type(engine).__name__}")
         if batcher is not None and batcher.engine is not engine:
-            raise EngineError("PagedGenerator: the batcher drives another engine; give the generator the batcher's engine")
-        if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
-            raise EngineError(f"PagedGenerator: prefill_chunk is a number of tokens >= 1 or None, not {prefill_chunk!r}")
+            raise EngineError(f"{name}: the batcher drives another engine; give the generator the batcher's engine")
         self.engine = engine
         self.batcher = batcher
-        self.prefill_chunk = prefill_chunk
         self.spec = engine.describe()
         self._pool: KVPool | None = None
 
-    def _bind(self, kv: KVSession) -> None:
+    def bind(self, kv: KVSession) -> None:
+        """Bind the engine to `kv`'s pool (once; one generator serves one pool)."""
         if not isinstance(kv, KVSession):
             raise EngineError(f"generate() takes the KVSession of `async with ctx.kv(NAME) as kv:`, not {type(kv).__name__}")
         if self._pool is kv.pool:
@@ -110,7 +110,7 @@ class PagedGenerator:
         if self._pool is not None:
             raise EngineError(
                 f"this generator's engine is bound to the pool of global `{self._pool.layout.name}`; make one "
-                f"PagedGenerator (and engine) per pool"
+                f"{type(self).__name__} (and engine) per pool"
             )
         self.spec.check_layout(kv.layout)
         self.engine.bind_kv(kv_stacks(kv))
@@ -123,6 +123,16 @@ class PagedGenerator:
         if sampler is not None:
             result.token = int(self.engine.sample([result.logits], [sampler])[0])
         return result
+
+
+class PagedGenerator(EngineDriver):
+    """Generation on KV pages of one pool with one engine (see the module docstring)."""
+
+    def __init__(self, engine: EngineAdapter, *, batcher: ContinuousBatcher | None = None, prefill_chunk: int | None = None):
+        super().__init__(engine, batcher)
+        if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or prefill_chunk < 1):
+            raise EngineError(f"PagedGenerator: prefill_chunk is a number of tokens >= 1 or None, not {prefill_chunk!r}")
+        self.prefill_chunk = prefill_chunk
 
     async def generate(
         self,
@@ -140,7 +150,7 @@ class PagedGenerator:
         of the full pages of `tokens`, if the caller has them; `parent`: the chain's root when it
         is not the default (`hashing.chain_root`)."""
         started = time.perf_counter()
-        self._bind(kv)
+        self.bind(kv)
         history = token_list(tokens)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise EngineError(f"generate(): max_new_tokens is a whole number >= 0, not {max_new_tokens!r}")

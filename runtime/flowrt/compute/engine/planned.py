@@ -38,14 +38,11 @@ from flowrt.compute.engine.adapter import (
     EngineError,
     StepBatch,
     StepRequest,
-    StepResult,
 )
 from flowrt.compute.engine.batcher import ContinuousBatcher
-from flowrt.compute.engine.driver import ContextSlots, ScratchPages, allocate, token_list
-from flowrt.compute.engine.kvbinding import kv_stacks
+from flowrt.compute.engine.driver import ContextSlots, EngineDriver, ScratchPages, allocate, token_list
 from flowrt.compute.engine.sampling import GREEDY, SamplingParams, TokenSampler
 from flowrt.compute.prefix import PrefillPlan, PrefixMatcher, Text
-from flowrt.params.pool import KVPool
 from flowrt.params.session import KVSession
 
 _LAST = frozenset({CAPTURE_LOGITS, CAPTURE_HIDDEN_LAST})
@@ -67,44 +64,14 @@ class PlannedGeneration:
     context_slots: Any  # (positions,) int64 slots of every position with K/V, in order (valid in the kv block)
 
 
-class PlannedGenerator:
+class PlannedGenerator(EngineDriver):
     """Generation from prefix-matching plans on one pool with one engine (see the module docstring)."""
 
     def __init__(self, engine: EngineAdapter, matcher: PrefixMatcher, *, batcher: ContinuousBatcher | None = None):
-        if not isinstance(engine, EngineAdapter):
-            raise EngineError(f"PlannedGenerator takes an EngineAdapter, not {type(engine).__name__}")
+        super().__init__(engine, batcher)
         if not isinstance(matcher, PrefixMatcher):
             raise EngineError(f"PlannedGenerator takes the PrefixMatcher that makes its plans, not {type(matcher).__name__}")
-        if batcher is not None and batcher.engine is not engine:
-            raise EngineError("PlannedGenerator: the batcher drives another engine; give the generator the batcher's engine")
-        self.engine = engine
         self.matcher = matcher
-        self.batcher = batcher
-        self.spec = engine.describe()
-        self._pool: KVPool | None = None
-
-    def bind(self, kv: KVSession) -> None:
-        """Bind the engine to `kv`'s pool (once; one generator serves one pool)."""
-        if not isinstance(kv, KVSession):
-            raise EngineError(f"generate() takes the KVSession of `async with ctx.kv(NAME) as kv:`, not {type(kv).__name__}")
-        if self._pool is kv.pool:
-            return
-        if self._pool is not None:
-            raise EngineError(
-                f"this generator's engine is bound to the pool of global `{self._pool.layout.name}`; make one "
-                f"PlannedGenerator (and engine) per pool"
-            )
-        self.spec.check_layout(kv.layout)
-        self.engine.bind_kv(kv_stacks(kv))
-        self._pool = kv.pool
-
-    async def _step(self, request: StepRequest, sampler: TokenSampler | None) -> StepResult:
-        if self.batcher is not None:
-            return await self.batcher.step(request, sampler)
-        result = self.engine.forward(StepBatch([request]))[0]
-        if sampler is not None:
-            result.token = int(self.engine.sample([result.logits], [sampler])[0])
-        return result
 
     async def generate(
         self,

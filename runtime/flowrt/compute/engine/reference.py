@@ -169,32 +169,11 @@ class ReferenceEngine(EngineAdapter):
 
     def _attend(self, plan: _AttentionPlan, q: Any, k: Any, v: Any, key_slots: Any, value_slots: Any) -> Any:
         """Store the new K/V, gather every request's context, attend: (tokens, heads, d)."""
-        torch, c = _torch(), self.config
         if len(plan.write_rows):
             key_slots.index_copy_(0, plan.write_slots, k.index_select(0, plan.write_rows).to(key_slots.dtype))
             value_slots.index_copy_(0, plan.write_slots, v.index_select(0, plan.write_rows).to(value_slots.dtype))
-        cells = plan.requests * plan.context
-        grids = []
-        for slots, fresh in ((key_slots, k), (value_slots, v)):
-            if plan.unpadded:  # the cells are the listed slots in order
-                grid = slots.index_select(0, plan.stack_slots).to(fresh.dtype)
-            else:
-                grid = torch.zeros(cells, c.num_kv_heads, c.head_dim, dtype=fresh.dtype, device=fresh.device)
-                grid.index_copy_(0, plan.stack_cells, slots.index_select(0, plan.stack_slots).to(fresh.dtype))
-                if len(plan.fresh_rows):
-                    grid.index_copy_(0, plan.fresh_cells, fresh.index_select(0, plan.fresh_rows))
-            grids.append(grid.view(plan.requests, plan.context, c.num_kv_heads, c.head_dim).transpose(1, 2))
-        queries = torch.zeros(plan.requests * plan.new, c.num_heads, c.head_dim, dtype=q.dtype, device=q.device)
-        queries.index_copy_(0, plan.query_cells, q)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            queries.view(plan.requests, plan.new, c.num_heads, c.head_dim).transpose(1, 2),
-            grids[0],
-            grids[1],
-            attn_mask=plan.mask,
-            scale=1.0 / math.sqrt(c.head_dim),
-            enable_gqa=True,
-        )
-        return out.transpose(1, 2).reshape(-1, c.num_heads, c.head_dim).index_select(0, plan.query_cells)
+        c = self.config
+        return gather_and_attend(plan, q, k, v, key_slots, value_slots, c.num_heads, c.num_kv_heads, c.head_dim)
 
     def _results(self, checked: list[CheckedRequest], hidden: Any) -> list[StepResult]:
         torch = _torch()
@@ -228,3 +207,35 @@ class ReferenceEngine(EngineAdapter):
 
     def close(self) -> None:
         self._kv = None
+
+
+def gather_and_attend(
+    plan: _AttentionPlan, q: Any, k: Any, v: Any, key_slots: Any, value_slots: Any, heads: int, kv_heads: int, head_dim: int
+) -> Any:
+    """Every request's context gathered from the stacks by its listed slots, with its fresh K/V
+    where the plan places them (tokens that store nothing), then attention under the plan's
+    mask: (tokens, heads, head_dim). Writes nothing; the reference engine and the DiT share it."""
+    torch = _torch()
+    cells = plan.requests * plan.context
+    grids = []
+    for slots, fresh in ((key_slots, k), (value_slots, v)):
+        if plan.unpadded:  # the cells are the listed slots in order
+            grid = slots.index_select(0, plan.stack_slots).to(fresh.dtype)
+        else:
+            grid = torch.zeros(cells, kv_heads, head_dim, dtype=fresh.dtype, device=fresh.device)
+            if len(plan.stack_slots):
+                grid.index_copy_(0, plan.stack_cells, slots.index_select(0, plan.stack_slots).to(fresh.dtype))
+            if len(plan.fresh_rows):
+                grid.index_copy_(0, plan.fresh_cells, fresh.index_select(0, plan.fresh_rows))
+        grids.append(grid.view(plan.requests, plan.context, kv_heads, head_dim).transpose(1, 2))
+    queries = torch.zeros(plan.requests * plan.new, heads, head_dim, dtype=q.dtype, device=q.device)
+    queries.index_copy_(0, plan.query_cells, q)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        queries.view(plan.requests, plan.new, heads, head_dim).transpose(1, 2),
+        grids[0],
+        grids[1],
+        attn_mask=plan.mask,
+        scale=1.0 / math.sqrt(head_dim),
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).reshape(-1, heads, head_dim).index_select(0, plan.query_cells)
