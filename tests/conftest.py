@@ -6,7 +6,9 @@ shows up as a readable diff. `make golden` rewrites them; a snapshot no test use
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,18 @@ os.environ.setdefault("FLOWRT_HOST", "127.0.0.1")
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "golden"
 EXAMPLES = sorted(REPO.glob("examples/*/pipeline.flow"))
+# examples on flowstd's model modules need the `models` extra (torch, tokenizers), which the
+# Python 3.12 pass (`.[dev]` only) does not install
+MODEL_MODULES = re.compile(r"^import\s+(llm|multimodal|tokenizer)\b", re.MULTILINE)
+HAVE_MODELS = all(importlib.util.find_spec(name) is not None for name in ("torch", "tokenizers"))
+NO_MODELS = "needs the models extra (pip install 'flowc[models]': torch, tokenizers); this Python has not got it"
+
+
+def needs_models(pipeline: Path) -> bool:
+    """Whether an example's pipeline imports a flowstd module that runs models."""
+    return MODEL_MODULES.search(pipeline.read_text()) is not None
+
+
 INVALID = sorted((REPO / "tests" / "invalid").glob("*.flow"))
 
 
