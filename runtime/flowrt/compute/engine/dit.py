@@ -42,15 +42,13 @@ from flowrt.compute.engine.adapter import (
     FEATURE_EMBEDDINGS,
     FEATURE_HIDDEN,
     FEATURE_NO_WRITE,
-    EngineAdapter,
     EngineError,
     EngineSpec,
-    KVStacks,
     StepBatch,
     StepRequest,
     StepResult,
 )
-from flowrt.compute.engine.kvbinding import BoundKV
+from flowrt.compute.engine.kvbinding import BoundKV, StackedKVEngine
 from flowrt.compute.engine.reference import gather_and_attend, plan_attention
 from flowrt.compute.engine.reference_model import _torch
 from flowrt.compute.engine.steps import check_batch
@@ -306,8 +304,10 @@ class DenoiseRequest(StepRequest):
     capture: frozenset[str] = frozenset({CAPTURE_HIDDEN_ALL})
 
 
-class DitEngine(EngineAdapter):
+class DitEngine(StackedKVEngine):
     """The DiT behind the adapter contract, reading the LLM's K/V (see the module docstring)."""
+
+    unbound_hint = "call bind_kv(stacks) with the LLM's pool first"
 
     def __init__(self, config: DitConfig | None = None, **settings: Any):
         if config is not None and settings:
@@ -328,9 +328,6 @@ class DitEngine(EngineAdapter):
         )
         self._kv: BoundKV | None = None
 
-    def describe(self) -> EngineSpec:
-        return self._spec
-
     def check_llm(self, llm: EngineSpec) -> None:
         """Raise unless this DiT reads the K/V `llm` writes (same layers, K/V heads, head_dim, dtype)."""
         wrong = [
@@ -344,15 +341,6 @@ class DitEngine(EngineAdapter):
                 + ", ".join(wrong)
                 + "; build it with DitConfig.matching()"
             )
-
-    def bind_kv(self, stacks: KVStacks) -> None:
-        self._kv = BoundKV(self._spec, stacks)
-
-    @property
-    def bound(self) -> BoundKV:
-        if self._kv is None:
-            raise EngineError("the DiT has no KV stacks: call bind_kv(stacks) with the LLM's pool first")
-        return self._kv
 
     def embed(self, token_ids: Any) -> Any:
         raise EngineError("the DiT takes no token ids: give patch tokens as embeddings (DitModel.patchify)")
@@ -401,18 +389,6 @@ class DitEngine(EngineAdapter):
         """Gather each request's cached context by slot, append its own fresh K/V, attend (no writes)."""
         c = self.config
         return gather_and_attend(plan, q, k, v, key_slots, value_slots, c.num_heads, c.num_kv_heads, c.head_dim)
-
-    def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
-        self.bound.copy_slots(src, dst)
-
-    def read_pages(self, pages: Sequence[int]) -> Any:
-        return self.bound.read_pages(pages)
-
-    def write_pages(self, pages: Sequence[int], data: Any) -> None:
-        self.bound.write_pages(pages, data)
-
-    def close(self) -> None:
-        self._kv = None
 
 
 StepRunner = Callable[[StepRequest], Awaitable[StepResult]]

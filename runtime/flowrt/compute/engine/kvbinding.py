@@ -1,6 +1,7 @@
 """The KV block stacks an engine is bound to, checked, with the page and slot copies every engine
 whose KV lives in those stacks can share (`BoundKV`), and `kv_stacks`, which takes them from a
-pool (`KVPool`, its `DeviceTier`, or a `KVSession`).
+pool (`KVPool`, its `DeviceTier`, or a `KVSession`). `StackedKVEngine` is the adapter half every
+engine on such stacks shares (binding, page and slot copies, close).
 
 A stack is (slots, page_tokens, heads, head_dim): page slot s holds tokens s*page_tokens ..
 s*page_tokens + page_tokens - 1 of the token-granular slot space, so `token_view` (slots *
@@ -13,7 +14,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from flowrt.compute.engine.adapter import EngineError, EngineSpec, KVStacks
+from flowrt.compute.engine.adapter import EngineAdapter, EngineError, EngineSpec, KVStacks
 from flowrt.params.layout import TORCH_DTYPES
 from flowrt.params.pool import KVPool
 from flowrt.params.session import KVSession
@@ -129,3 +130,36 @@ class BoundKV:
             raise EngineError("write_pages(): a page appears twice; write each page once")
         for chunk, stack in enumerate(self.stacks):
             stack.index_copy_(0, index, data[:, chunk].to(stack.device, stack.dtype))
+
+
+class StackedKVEngine(EngineAdapter):
+    """An engine whose K/V live in bound block stacks: the subclass sets `_spec` (its
+    EngineSpec) and `unbound_hint` (what to tell a caller who has not bound stacks yet)."""
+
+    _spec: EngineSpec
+    unbound_hint = "call bind_kv(stacks) first"
+    _kv: BoundKV | None = None
+
+    def describe(self) -> EngineSpec:
+        return self._spec
+
+    def bind_kv(self, stacks: KVStacks) -> None:
+        self._kv = BoundKV(self._spec, stacks)
+
+    @property
+    def bound(self) -> BoundKV:
+        if self._kv is None:
+            raise EngineError(f"engine `{self._spec.name}` has no KV stacks: {self.unbound_hint}")
+        return self._kv
+
+    def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        self.bound.copy_slots(src, dst)
+
+    def read_pages(self, pages: Sequence[int]) -> Any:
+        return self.bound.read_pages(pages)
+
+    def write_pages(self, pages: Sequence[int], data: Any) -> None:
+        self.bound.write_pages(pages, data)
+
+    def close(self) -> None:
+        self._kv = None

@@ -22,14 +22,12 @@ from flowrt.compute.engine.adapter import (
     CAPTURE_HIDDEN_ALL,
     CAPTURE_HIDDEN_LAST,
     CAPTURE_LOGITS,
-    EngineAdapter,
     EngineError,
     EngineSpec,
-    KVStacks,
     StepBatch,
     StepResult,
 )
-from flowrt.compute.engine.kvbinding import BoundKV
+from flowrt.compute.engine.kvbinding import BoundKV, StackedKVEngine
 from flowrt.compute.engine.reference_model import ReferenceConfig, ReferenceModel, _torch
 from flowrt.compute.engine.steps import CheckedRequest, as_index_tensor, check_batch
 
@@ -104,7 +102,7 @@ def plan_attention(checked: Sequence[CheckedRequest], device: Any) -> _Attention
     )
 
 
-class ReferenceEngine(EngineAdapter):
+class ReferenceEngine(StackedKVEngine):
     """The reference model behind the adapter contract (see the module docstring)."""
 
     def __init__(self, config: ReferenceConfig | None = None, **settings: Any):
@@ -124,18 +122,6 @@ class ReferenceEngine(EngineAdapter):
             features=ALL_FEATURES,
         )
         self._kv: BoundKV | None = None
-
-    def describe(self) -> EngineSpec:
-        return self._spec
-
-    def bind_kv(self, stacks: KVStacks) -> None:
-        self._kv = BoundKV(self._spec, stacks)
-
-    @property
-    def bound(self) -> BoundKV:
-        if self._kv is None:
-            raise EngineError("the reference engine has no KV stacks: call bind_kv(stacks) first")
-        return self._kv
 
     def embed(self, token_ids: Sequence[int] | Any) -> Any:
         ids = as_index_tensor(token_ids, "token_ids", "embed()")
@@ -195,18 +181,6 @@ class ReferenceEngine(EngineAdapter):
                 )
             )
         return results
-
-    def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
-        self.bound.copy_slots(src, dst)
-
-    def read_pages(self, pages: Sequence[int]) -> Any:
-        return self.bound.read_pages(pages)
-
-    def write_pages(self, pages: Sequence[int], data: Any) -> None:
-        self.bound.write_pages(pages, data)
-
-    def close(self) -> None:
-        self._kv = None
 
 
 def gather_and_attend(
