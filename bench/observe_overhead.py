@@ -4,8 +4,8 @@ with both off, in ONE run.
 
 - off: no observer (the control core's hooks cost one `is None` check each);
 - metrics: the Metrics observer the HTTP gateway installs (flowrt.observe.metrics);
-- tracing: a CallTrace per call and its Chrome trace JSON value built at the end, as
-  `?trace=1` does (the JSON text is not encoded: that is the HTTP write's cost).
+- tracing: a CallTrace per call and its Chrome trace's JSON text made at the end, as
+  `?trace=1` does (the bytes the server writes into the done event).
 
 Method as control_overhead's: for each client count, `--rounds` rounds each run one batch of
 every configuration back to back (the order reversed every other round), and a round's ratio is
@@ -69,7 +69,7 @@ async def systems() -> dict:
                 if event["event"] == "done":
                     assert event["status"] == "ok", event
             if trace is not None:
-                trace.chrome_trace()
+                trace.chrome_trace_json()
 
         return one
 

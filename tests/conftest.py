@@ -32,7 +32,7 @@ GOLDEN = REPO / "golden"
 EXAMPLES = sorted(REPO.glob("examples/*/pipeline.flow"))
 # examples on flowstd's model modules need the `models` extra (torch, tokenizers), which the
 # Python 3.12 pass (`.[dev]` only) does not install
-MODEL_MODULES = re.compile(r"^import\s+(llm|multimodal|tokenizer)\b", re.MULTILINE)
+MODEL_MODULES = re.compile(r"^import\s+(llm|multimodal|tokenizer|voice)\b", re.MULTILINE)
 HAVE_MODELS = all(importlib.util.find_spec(name) is not None for name in ("torch", "tokenizers"))
 NO_MODELS = "needs the models extra (pip install 'flowc[models]': torch, tokenizers); this Python has not got it"
 

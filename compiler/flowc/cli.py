@@ -28,6 +28,7 @@ from flowc.cli_support import read_path as _read
 from flowc.diagnostics import Diagnostic, Severity, render_json, render_text, summary_line
 from flowc.fmt import format_source
 from flowc.lsp.scheduler import DEFAULT_DEBOUNCE_S
+from flowc.top import top as top_command
 from flowrt.options import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 
 
@@ -447,6 +448,8 @@ def _prepare_output(out: Path) -> None:
 )
 @click.option("--trace", "trace_file", metavar="FILE", help="With --once: write the call's Chrome trace (Perfetto) to FILE.")
 @click.option("--debug", "run_debug", is_flag=True, help="Log debug records and full tracebacks (as `flowc --debug run`).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True, help="The log on stderr: lines for people, or one JSON object per event (docs/observe.md).")  # fmt: skip
+@click.option("--quiet", is_flag=True, help="Serving: print only the URL line, not how the start goes.")
 @_color_option
 @click.pass_context
 def run(
@@ -467,6 +470,8 @@ def run(
     kv_meta: str | None,
     trace_file: str | None,
     run_debug: bool,
+    log_format: str,
+    quiet: bool,
     color: bool | None,
 ) -> None:
     """Serve a bundle (a directory from `flowc build`) or a .flow file (built to a temporary
@@ -498,6 +503,8 @@ def run(
     from flowrt import options
     from flowrt.logs import show_log
 
+    debug = run_debug or bool(ctx.find_root().params.get("debug"))
+    show_log(debug=debug, log_format=log_format)  # (first: what the runtime says as it loads is in the log's format)
     if graph_name is None and (input_json != "{}" or session or timeout is not None):
         raise click.UsageError(
             "--input, --session and --timeout belong to one call: add --once GRAPH, "
@@ -513,8 +520,6 @@ def run(
     if kv_meta is not None:
         running.use_kv_meta(kv_meta)
     inputs = running.parse_input(input_json) if graph_name is not None else {}
-    debug = run_debug or bool(ctx.find_root().params.get("debug"))
-    show_log(debug=debug)
     path = Path(target)
     with tempfile.TemporaryDirectory(prefix="flowc-run-") as scratch:
         if path.suffix == ".flow" or path.is_file():
@@ -526,7 +531,7 @@ def run(
         else:
             bundle_dir = path
         if graph_name is None:
-            running.serve_bundle(bundle_dir, http, ttl, cap, body_mb, placement, debug)
+            running.serve_bundle(bundle_dir, http, ttl, cap, body_mb, placement, debug, quiet)
             return
         code = asyncio.run(running.run_once(bundle_dir, graph_name, inputs, session, seconds, placement, debug, trace_file))
     sys.exit(code)
@@ -581,3 +586,4 @@ def lsp(stdio: bool, debounce_ms: float) -> None:
 # the commands for pipeline authors' CI (docs/ci.md)
 main.add_command(ci_commands.golden_test)
 main.add_command(ci_commands.semantic_diff)
+main.add_command(top_command)  # `flowc top URL` (flowc.top)

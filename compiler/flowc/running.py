@@ -6,6 +6,9 @@ Problems the user can fix (a bundle or role that cannot open, an input that does
 address that is taken) become click errors (exit 2, one line, no traceback). The runtime's log
 goes to stderr (flowrt.logs), so stdout carries only a call's events or the server's banner.
 
+Serving shows how the start goes on stderr (flowc.progress: bars on a terminal, a line per
+replica ready elsewhere, nothing with --quiet or a JSON log), then prints the URL on stdout.
+
 `--once` and signals: SIGINT or SIGTERM cancels the call (its `done` event says `cancelled`,
 reason `shutdown`) and the command exits 128 + the signal's number (130, 143), as a shell
 expects of a process a signal stopped; a second signal exits at once.
@@ -184,7 +187,8 @@ async def run_once(
         signals.runtime = runtime
         if signals.received is not None:
             return 128 + signals.received
-        async for event in runtime.call(graph, inputs, session=session, timeout=timeout, observer=trace):
+        observer = None if trace is None else _combined(runtime.observer, trace)  # (a JSON log's CallLog too)
+        async for event in runtime.call(graph, inputs, session=session, timeout=timeout, observer=observer):
             click.echo(event_json(event))
             if event["event"] == "done":
                 status = event["status"]
@@ -197,6 +201,12 @@ async def run_once(
     if signals.received is not None:
         return 128 + signals.received
     return 0 if status == "ok" else 1
+
+
+def _combined(*observers: Any) -> Any:
+    from flowrt.observe import combine
+
+    return combine(*observers)
 
 
 def _trace_to(path: str) -> Any:
@@ -212,7 +222,7 @@ def _trace_to(path: str) -> Any:
 
 def _write_trace(trace: Any, path: str) -> None:
     try:
-        Path(path).write_text(json.dumps(trace.chrome_trace()) + "\n", encoding="utf-8")
+        Path(path).write_bytes(trace.chrome_trace_json() + b"\n")
     except OSError as error:
         raise Refused(f"--trace: cannot write {path}: {error.strerror or error}; choose a writable path") from None
 
@@ -261,19 +271,23 @@ def serve_bundle(
     max_body_mb: float,
     placement: dict | None = None,
     debug: bool = False,
+    quiet: bool = False,
 ) -> None:
-    """Serve over HTTP until SIGINT or SIGTERM."""
+    """Serve over HTTP until SIGINT or SIGTERM, showing how the start goes unless `quiet`."""
     try:
         from flowrt.deploy.serving import CannotListen, Stopped, serve
         from flowrt.gateway import parse_address
     except ImportError as error:
         raise click.ClickException(f"serving needs aiohttp ({error}); reinstall flowc: pip install flowc") from None
+    from flowc.progress import Startup
     from flowrt.control import FlowrtError
+    from flowrt.logs import log_format
 
     try:
         host, port = parse_address(http)
     except ValueError as error:
         raise Refused(f"--http takes HOST:PORT: {error}") from None
+    startup = Startup.for_stream(sys.stderr, quiet=quiet or log_format() == "json")
     try:
         asyncio.run(
             serve(
@@ -284,13 +298,17 @@ def serve_bundle(
                 max_sessions=max_sessions,
                 max_body_mb=max_body_mb,
                 debug=debug,
+                progress=startup,
                 **(placement or {}),
             )
         )
     except CannotListen as error:
         raise Refused(str(error)) from None
     except Stopped as stopped:
+        startup.close()
         print(f"flowc: {stopped}", file=sys.stderr)
         sys.exit(128 + stopped.signum)
     except FlowrtError as error:
         raise Refused(str(error)) from None
+    finally:
+        startup.close()

@@ -8,7 +8,11 @@ into a scratch page of its own (other sessions may share the committed one) and 
 token a step after the first. It prefills nothing where every page is found; a page that is not
 (evicted, or no shared metadata store between the processes) is recomputed, and counted.
 
-Both run greedy decoding, so the tokens equal the unsplit model's (flowstd's `llm` role).
+Sampling is greedy unless the request says otherwise (`temperature`, `top_p`, `seed`, as
+flowstd's `llm` role reads them). Prefill samples the first token and hands decode the stream's
+seed and how many draws it took; decode resumes that stream (`TokenSampler.skip`), so split or
+not, a request gets the same tokens: greedy ones equal the unsplit model's, and seeded ones the
+`llm` role's for the same seed.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ import hashlib
 import secrets
 from typing import Any
 
-from flowrt.compute.engine import CAPTURE_LOGITS, GREEDY, StepRequest, TokenSampler, token_slots
+from flowrt.compute.engine import CAPTURE_LOGITS, SamplingParams, StepRequest, TokenSampler, token_slots
 from flowrt.compute.engine.driver import allocate
-from flowstd.roles.llm import KV, LlmError, sampling_request, shared_model, token_ids
+from flowstd.roles.llm import KV, sampling_request, shared_model, token_ids
 from flowstd.tokenizer import Tokenizer
 
 
@@ -34,9 +38,10 @@ def prompt_keys(kv, tokens: list[int]) -> list[str]:
     return keys
 
 
-async def place_prompt(model, kv, tokens: list[int], *, need_logits: bool) -> dict[str, Any]:
+async def place_prompt(model, kv, tokens: list[int], *, sampler: TokenSampler | None) -> dict[str, Any]:
     """Match the prompt's pages, compute (and commit) those not found; the prompt's token slots,
-    what was reused and computed, and the first token when `need_logits`."""
+    what was reused and computed, and the first token, drawn by `sampler` (None: no token)."""
+    need_logits = sampler is not None
     size = kv.layout.page_tokens
     keys = prompt_keys(kv, tokens)
     hit = await kv.match(keys)
@@ -51,9 +56,10 @@ async def place_prompt(model, kv, tokens: list[int], *, need_logits: bool) -> di
     if computed:
         capture = frozenset({CAPTURE_LOGITS}) if need_logits else frozenset()
         step = StepRequest(token_ids=tokens[begin:], slots=context, capture=capture)
-        first = (await model.batcher.step(step, TokenSampler(GREEDY) if need_logits else None)).token
+        first = (await model.batcher.step(step, sampler)).token
     if len(keys) > hit.pages:
         kv.commit(keys[hit.pages :], start=hit.pages)
+    kv.count_prefix(hit=len(tokens) - computed, computed=computed)  # flowrt_prefix_tokens_total, per role
     return {
         "context": context,
         "reused_tokens": len(tokens) - computed,
@@ -71,13 +77,19 @@ class Prefill:
     async def prefill(self, ctx, chat_tokens: Any, messages: Any) -> dict[str, Any]:
         tokens = token_ids(chat_tokens, "chat_tokens", self.tokenizer.vocab_size)
         sampling, budget = sampling_request(messages)
-        if not sampling.greedy:
-            raise LlmError("pd_split decodes greedily: leave temperature out (or 0)")
+        sampler = TokenSampler(sampling)
         model = shared_model(ctx)
         async with ctx.kv(KV) as kv:
             model.bind(kv)
-            placed = await place_prompt(model, kv, tokens, need_logits=True)
+            placed = await place_prompt(model, kv, tokens, sampler=sampler)
         prefilled = {"tokens": tokens, "first_token": placed["first_token"], "max_tokens": budget}
+        # where decode's sampler resumes: the same params and stream, past the first token's draw
+        prefilled["sampling"] = {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampler.seed,
+            "draws": sampler.draws,
+        }
         prefilled["prefill"] = {"computed_tokens": placed["computed_tokens"], "reused_tokens": placed["reused_tokens"]}
         return {"prefilled": prefilled}
 
@@ -89,11 +101,14 @@ class Decode:
 
     async def decode(self, ctx, prefilled: dict[str, Any]):
         tokens, first, budget = prefilled["tokens"], prefilled["first_token"], prefilled["max_tokens"]
+        stream = prefilled["sampling"]
+        sampler = TokenSampler(SamplingParams(stream["temperature"], top_p=stream["top_p"], seed=stream["seed"]))
+        sampler.skip(stream["draws"])
         model = shared_model(ctx)
         async with ctx.kv(KV) as kv:
             model.bind(kv)
             size = kv.layout.page_tokens
-            placed = await place_prompt(model, kv, tokens, need_logits=False)
+            placed = await place_prompt(model, kv, tokens, sampler=None)
             context = list(placed["context"])
             scratch: list[int] = []  # this call's own pages, from the prompt's partial page on
             prefix = f"pd-scratch-{secrets.token_hex(8)}"  # never committed: released when the block ends
@@ -116,7 +131,7 @@ class Decode:
                 position = len(tokens) + len(generated) - 1
                 context.append(slot(position))
                 step = StepRequest(token_ids=generated[-1:], slots=context)
-                generated.append(int((await model.batcher.step(step, TokenSampler(GREEDY))).token))
+                generated.append(int((await model.batcher.step(step, sampler)).token))
                 steps += 1
                 yield {"generated_tokens": [generated[-1]]}
         yield {

@@ -15,7 +15,7 @@ pytest.importorskip("tokenizers", reason="flowstd's tokenizer needs `tokenizers`
 torch = pytest.importorskip("torch", reason="the roles run flowrt's reference engine: pip install 'flowc[torch]'")
 pytest.importorskip("redis", reason="the local case shares pages through Redis")
 
-from flowrt.compute.engine import ReferenceEngine  # noqa: E402
+from flowrt.compute.engine import ReferenceEngine, SamplingParams, TokenSampler  # noqa: E402
 from flowrt.params.layout import KVLayout  # noqa: E402
 from flowstd.roles.llm import model_config  # noqa: E402
 from flowstd.tokenizer import Tokenizer  # noqa: E402
@@ -32,14 +32,17 @@ MESSAGES = [
 MAX_TOKENS = 10
 
 
-def unsplit_tokens(prompt: list[int], count: int) -> list[int]:
-    """Greedy tokens of the same model run dense, the whole sequence each step, nothing cached."""
+def unsplit_tokens(prompt: list[int], count: int, sampling: SamplingParams | None = None) -> list[int]:
+    """The tokens of the same model run dense, the whole sequence each step, nothing cached:
+    greedy, or drawn by one sampler of `sampling` from start to end."""
     layout = KVLayout("kv", ("0", "1"), ("k", "v"), 16, 2, 16, "float32")  # the example's `global kv`
     model = ReferenceEngine(model_config(layout, Tokenizer.load().vocab_size)).model
+    sampler = TokenSampler(sampling) if sampling is not None else None
     tokens = list(prompt)
     with torch.no_grad():
         for _ in range(count):
-            tokens.append(int(model.dense_forward(tokens).logits[-1].argmax()))
+            logits = model.dense_forward(tokens).logits[-1]
+            tokens.append(sampler(logits) if sampler is not None else int(logits.argmax()))
     return tokens[len(prompt) :]
 
 
@@ -48,8 +51,8 @@ def split_of(events: list[dict]) -> dict:
     return next(e["value"] for e in events if e.get("field") == "split")
 
 
-async def ask(deployment, session: str) -> dict:
-    body = {"model": "chat", "messages": MESSAGES, "max_tokens": MAX_TOKENS}
+async def ask(deployment, session: str, **sampling) -> dict:
+    body = {"model": "chat", "messages": MESSAGES, "max_tokens": MAX_TOKENS, **sampling}
     return split_of(await calls(deployment.runtime, "chat", {"messages": body}, session=session))
 
 
@@ -63,6 +66,8 @@ def test_decode_prefills_nothing_and_gives_the_unsplit_models_tokens(tmp_path, m
     assert built.returncode == 0, built.stderr
     prompt = Tokenizer.load().apply_chat_template(MESSAGES).ids
     expected = unsplit_tokens(prompt, MAX_TOKENS)
+    drawn = {seed: unsplit_tokens(prompt, MAX_TOKENS, SamplingParams(1.3, top_p=0.95, seed=seed)) for seed in (5, 6)}
+    assert drawn[5] != drawn[6] != expected  # (else sampling would not be tested)
 
     async def scenario():
         async with deployed(bundle, deploy) as deployment:
@@ -77,6 +82,10 @@ def test_decode_prefills_nothing_and_gives_the_unsplit_models_tokens(tmp_path, m
             again = await ask(deployment, "s1")
             assert again["tokens"] == expected and again["decode"]["computed_tokens"] == 0
             assert 0 < again["prefill"]["computed_tokens"] <= 16
+            # sampled: decode resumes prefill's stream, so the tokens are one sampler's, start to end
+            for seed in (5, 6):
+                sampled = await ask(deployment, "s1", temperature=1.3, top_p=0.95, seed=seed)
+                assert sampled["tokens"] == drawn[seed]
 
     if deploy == "local":
         port = free_port()

@@ -1,6 +1,7 @@
-"""What the observe tests share: the image_chat bundle, a call recorded in process, and the
+"""What the observe tests share: the image_chat bundle, a call recorded in process, the
 checks every flowrt trace must pass (its JSON schema, one complete event per activation,
-consistent nesting per lane, an arrow from each consumed frame's producer to its consumer)."""
+consistent nesting per lane, an arrow from each consumed frame's producer to its consumer),
+and reading a scrape of /metrics by metric and labels."""
 
 from __future__ import annotations
 
@@ -78,3 +79,13 @@ def check_trace(trace: dict, expected: Counter) -> None:
             assert start["tid"] == producer["tid"]
             # it leaves its producer's bar (times are microseconds to 3 decimals: their sum is exact to 1e-6)
             assert producer["ts"] <= start["ts"] <= producer["ts"] + producer["dur"] + 1e-6
+
+
+def family(samples: dict, name: str) -> dict[tuple, float]:
+    """The samples of one metric name (of a scrape: (name, labels as sorted pairs) -> value): labels -> value."""
+    return {labels: value for (sample, labels), value in samples.items() if sample == name}
+
+
+def by(samples: dict, name: str, *keys: str) -> dict[tuple, float]:
+    """The samples of `name` keyed by the values of labels `keys`."""
+    return {tuple(dict(labels)[k] for k in keys): value for labels, value in family(samples, name).items()}

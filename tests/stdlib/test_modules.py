@@ -4,10 +4,12 @@ data takes the tokenizer's vocabulary (none of this needs `tokenizers`)."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 import tomllib
 
 from flowc.check import check_source
+from flowc.codegen import build_bundle
 from flowstd.tokenizer.core import default_path
 from tests.conftest import REPO
 
@@ -33,6 +35,28 @@ def test_importing_both_text_modules_declares_no_name_twice():
     text = "import text\nimport tokenizer\n\ngraph g {\n    entry  messages\n    return chat_tokens\n}\n"
     result = check_source(text, "both.flow", REPO / "docs" / "both.flow")
     assert result.diagnostics == [], [f"{d.code} {d.message}" for d in result.diagnostics]
+
+
+def test_the_llm_modules_import_together_sharing_one_kv_global(tmp_path):
+    # each imports lib/kvcache.flow, loaded once: one `global kv`, which every LLM role uses
+    text = (
+        "import llm\nimport multimodal\nimport voice\n\n"
+        "graph chat {\n    entry  messages\n    stream text_delta ordered\n    return generation\n}\n\n"
+        "graph draw {\n    entry  request\n    return image\n}\n\n"
+        "graph talk {\n    entry  voice_request\n    stream speech ordered\n    return turn\n}\n"
+    )
+    source = tmp_path / "all.flow"
+    source.write_text(text)
+    result = check_source(text, "all.flow", source)
+    assert result.diagnostics == [], [f"{d.code} {d.message}" for d in result.diagnostics]
+    assert set(result.program.globals) == {"kv", "detokenizer_state"}
+    users = {name for name, role in result.program.roles.items() if "kv" in role.config.get("uses", ())}
+    assert users == {"llm", "mm_llm", "dit", "thinker"}
+    bundle = build_bundle(result.program, source, tmp_path / "bundle")
+    bundle.write(tmp_path / "bundle")
+    plan = json.loads((tmp_path / "bundle" / "plan.json").read_text())
+    assert sorted(plan["graphs"]) == ["chat", "draw", "talk"]
+    assert [name for name, spec in plan["globals"].items() if spec["kind"] == "KVCache"] == ["kv"]
 
 
 def test_the_wheel_ships_the_vocabulary():

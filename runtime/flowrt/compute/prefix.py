@@ -232,9 +232,12 @@ class PrefixMatcher:
         check_cover(frames, hit.pages * history.page_tokens, history.n_tokens)
         self.histories.put(kv.session, history)
         hit_tokens = hit.pages * history.page_tokens
+        recomputed = max(0, kept - hit_tokens)
         self.counters.hit_tokens += hit_tokens
         self.counters.prefill_tokens += history.n_tokens - hit_tokens
-        self.counters.recomputed_tokens += max(0, kept - hit_tokens)
+        self.counters.recomputed_tokens += recomputed
+        computed = history.n_tokens - hit_tokens
+        kv.count_prefix(hit=hit_tokens, computed=computed, recomputed=recomputed)  # (the role's, for /metrics)
         return PrefillPlan(
             session=kv.session,
             mode=mode,

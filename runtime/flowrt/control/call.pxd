@@ -4,7 +4,7 @@ cimport cython
 
 from flowrt.control.activation cimport Activation, NoTimeout, Resume
 from flowrt.control.delivery cimport Delivery
-from flowrt.control.program cimport Edge, NodeProgram, OrderConsumer, Route
+from flowrt.control.program cimport Edge, NodeProgram, OrderConsumer, Outlet, Route
 from flowrt.control.roles cimport RoleBinding
 from flowrt.control.sequencer cimport Sequencer
 
@@ -47,7 +47,7 @@ cdef class Call(Delivery):
     cdef tuple _out_order(self, NodeProgram node, tuple order, Py_ssize_t yidx)
     @cython.locals(
         node=NodeProgram, route=Route, edge=Edge, kind=Py_ssize_t, order=tuple, key=tuple, roots=tuple, opened=tuple,
-        direct=Activation,
+        direct=Activation, outlet=Outlet, shared=bint, counted=list,
     )
     cdef _dispatch_frame(self, Activation act, dict frame, Py_ssize_t yidx, dict streams)
     @cython.locals(route=Route, edge=Edge, out_roots=tuple)

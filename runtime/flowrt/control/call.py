@@ -165,6 +165,7 @@ class Call(Delivery):
         if self.observer is not None:
             self.arrivals.clear()
             self.observer.call_ended(self, status)
+        self.watch_output = False  # (`done` carries no output)
         self._emit(done)
         self._emit(None)
         self.ended = True
@@ -274,8 +275,7 @@ class Call(Delivery):
             while True:
                 node = act.node
                 streams: dict | None = {} if node.feeds_stream_slots else None
-                if self.observer is not None:
-                    self.observer.activation_started(self, act)
+                self._act_started(act)
                 reason: Reason | None = None
                 result = limit = None
                 try:
@@ -347,8 +347,7 @@ class Call(Delivery):
                     self._role_failed(act, error, result)
                 finally:
                     self._finished(act)
-                    if self.observer is not None:
-                        self.observer.activation_ended(self, act, reason)
+                    self._act_ended(act, reason)
                     if act.yielded == 0:
                         self._dispatch_phantom(node, act.aid, act.roots, reason or EMPTY, (node.index, act.aid))
                     if streams:
@@ -460,11 +459,22 @@ class Call(Delivery):
             self.sending = ((act.aid, yidx),) if node.interface else act.sources
         roots = _out_roots(node, act.aid, act.roots, yidx) if node.diamond_root or (act.roots and node.carried) else ()
         order = self._out_order(node, act.order, yidx)
+        shared = node.shared_outlets
+        counted = None  # (where two edges reach one consumer: the outlets this frame counted on)
         for route in node.routes:
             name = route.field
             if name in frame:
                 value = frame[name]
                 for edge in route.edges:
+                    outlet = edge.outlet  # the frames per edge (flowrt.observe): a plain count
+                    if not shared:
+                        outlet.frames += 1
+                    elif counted is None:
+                        counted = [outlet]
+                        outlet.frames += 1
+                    elif outlet not in counted:
+                        counted.append(outlet)
+                        outlet.frames += 1
                     kind = edge.kind
                     if kind == CALLER:
                         self._caller_arrived(edge, value, order)

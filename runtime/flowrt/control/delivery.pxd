@@ -9,7 +9,7 @@ from flowrt.control.program cimport Edge, GraphProgram, GroupProgram, JoinField,
 from flowrt.control.sequencer cimport Sequencer
 
 cdef Py_ssize_t CALLER, DIRECT, JOIN, WAITING, FIRED, ORDERED_STREAM
-cdef object EMPTY, ERROR, CANCEL
+cdef object EMPTY, ERROR, CANCEL, CLOCK
 
 cdef class Delivery:
     cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop, observer
@@ -23,7 +23,7 @@ cdef class Delivery:
     cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored, order_waiting
     cdef public Activation producer
     cdef public list outbox_waiters
-    cdef public bint cancelled, failed, ended, custom_tasks, track_frames
+    cdef public bint cancelled, failed, ended, custom_tasks, track_frames, watch_output, watch_starts, watch_ends
     cdef public str cancel_reason
 
     cdef Py_ssize_t _aid(self)
@@ -60,6 +60,10 @@ cdef class Delivery:
     cdef _release_stream(self, OrderConsumer consumer)
     @cython.locals(sequencer=Sequencer)
     cdef _release_session(self, OrderConsumer consumer)
+    @cython.locals(node=NodeProgram)
+    cdef _act_started(self, Activation act)
+    @cython.locals(node=NodeProgram, counts=list, bounds=tuple, seconds=double, bound=double, n=Py_ssize_t, i=Py_ssize_t)
+    cdef _act_ended(self, Activation act, object reason)
     cdef _activation_done(self, NodeProgram node, Activation act)
     cdef _schedule(self, Activation act)
     cdef _spawn(self, object act)

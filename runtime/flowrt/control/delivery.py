@@ -18,12 +18,18 @@ Observing (flowrt.observe): `observer` is None unless the caller installed one, 
 that reports to it costs one `is None` check when none is. Where the observer asks for it (its
 `frames` attribute is true: a trace), the call also tracks which frames each activation consumes
 (`track_frames`, `sending`, `arrivals`; `Activation.sources`), so a trace can draw an arrow from
-every frame's producer to its consumer; metrics do not pay for that.
+every frame's producer to its consumer; metrics do not pay for that. The observer hears of the
+call's first output event (`watch_output`: one flag checked per event) for the time to the first
+streamed frame, and of activations starting and ending (`_act_started`, `_act_ended`) unless it
+says it needs neither (`watch_starts`, `watch_ends`). Whether or not a call is observed, each
+node counts its activations and the frames it sends to each consumer (flowrt.control.program),
+and times the activations of observed calls where an observer installed a histogram on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from heapq import heappop, heappush, heapreplace
 from typing import TYPE_CHECKING, Any
@@ -44,6 +50,7 @@ CALLER, DIRECT, JOIN = _program.CALLER, _program.DIRECT, _program.JOIN
 ORDERED_STREAM = _program.ORDERED_STREAM
 WAITING, FIRED = _bucket.WAITING, _bucket.FIRED
 EMPTY, ERROR, CANCEL = Reason.EMPTY, Reason.ERROR, Reason.CANCEL
+CLOCK = time.perf_counter  # observing: when an activation starts and ends (flowrt.observe.hooks.now)
 
 
 class Delivery:
@@ -94,6 +101,9 @@ class Delivery:
         self.errored: set[str] = set()
         self.observer: Any = None  # flowrt.observe's hooks for this call, or None (set before `start`)
         self.track_frames = False  # the observer wants each activation's `sources` (set with it)
+        self.watch_output = False  # the observer hears of the call's first output event (set with it)
+        self.watch_starts = False  # the observer hears of each activation's start (set with it)
+        self.watch_ends = False  # ... and of each one's end
         self.sending: tuple = ()  # observing: the ids of the frame being dispatched (Activation.sources)
         self.arrivals: dict = {}  # observing: per open bucket or join, the ids of the frames per slot or field
 
@@ -262,6 +272,9 @@ class Delivery:
 
     def _emit(self, event: dict | None) -> None:
         self.outbox.append(event)
+        if self.watch_output:  # observing: the first event that carries an output (`_finish` clears it before `done`)
+            self.watch_output = False
+            self.observer.first_output(self)
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -350,6 +363,47 @@ class Delivery:
             self._spawn(sequencer.release(self._lower_bound(consumer)))
         if not sequencer.held:
             self.order_waiting.discard(consumer)
+
+    # ── observing: an activation's start and end ──
+
+    def _act_started(self, act: Activation) -> None:
+        """An activation is about to run: count it; with an observer, stamp its start (observers
+        measure from it) and tell the observer if it asks (`watch_starts`)."""
+        node = act.node
+        node.acts_started += 1
+        if self.observer is not None:
+            act.started = CLOCK()
+            if self.watch_starts:
+                self.observer.activation_started(self, act)
+
+    def _act_ended(self, act: Activation, reason: Reason | None) -> None:
+        """An activation has ended: count it and its frames; with an observer, time it into its
+        node's histogram (where one is installed) and tell the observer if it asks."""
+        node = act.node
+        node.acts_ended += 1
+        node.frames_out += act.yielded
+        if reason is not None:
+            if reason is ERROR:
+                node.acts_failed += 1
+            else:
+                node.acts_cancelled += 1
+        if self.observer is None:
+            return
+        counts = node.duration_counts
+        if counts is not None:
+            seconds = CLOCK() - act.started
+            node.duration_sum += seconds
+            bounds = node.duration_bounds
+            n = len(bounds)
+            i = 0
+            while i < n:  # (the first bound it does not exceed, as bisect_left: over a few floats)
+                bound = bounds[i]
+                if bound >= seconds:
+                    break
+                i += 1
+            counts[i] += 1
+        if self.watch_ends:
+            self.observer.activation_ended(self, act, reason)
 
     def statistics(self) -> dict[str, int]:
         return {

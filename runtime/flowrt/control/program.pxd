@@ -8,6 +8,10 @@ cdef class GroupProgram:
     cdef public tuple fields, stream_slots, slots_by_field
     cdef public bint single
 
+cdef class Outlet:
+    cdef public str consumer
+    cdef public Py_ssize_t frames
+
 cdef class Edge:
     cdef public Py_ssize_t kind
     cdef public str field
@@ -15,6 +19,7 @@ cdef class Edge:
     cdef public GroupProgram group
     cdef public Py_ssize_t slot, root, stream
     cdef public bint rule_c, ordered, returned
+    cdef public Outlet outlet
 
 cdef class Route:
     cdef public str field
@@ -35,7 +40,12 @@ cdef class NodeProgram:
     cdef public str id, method
     cdef public object role, join, binding, timeout
     cdef public bint interface, session, ordered, stream, diamond_root, in_cycle, feeds_stream_slots, generator
-    cdef public tuple groups, routes, join_watchers, order_feeds, bucket_feeds, reset_counters, ancestors
+    cdef public bint shared_outlets
+    cdef public Py_ssize_t acts_started, acts_ended, acts_failed, acts_cancelled, frames_out
+    cdef public tuple duration_bounds
+    cdef public list duration_counts
+    cdef public double duration_sum
+    cdef public tuple groups, routes, join_watchers, order_feeds, bucket_feeds, reset_counters, ancestors, outlets
     cdef public frozenset carried, out_fields
     cdef public OrderConsumer consumer
     cdef public list methods

@@ -9,6 +9,13 @@ absent one must resolve (`absent`). Each `Edge` is classified once by what happe
 frame is a walk over prebuilt objects, not a reading of the plan. Which joins a node's end can
 complete (`join_watchers`) is also computed here, so a finished activation rechecks only those.
 
+Each node also has an `Outlet` per consumer its edges reach (another node, or the caller): the
+call's dispatch counts there, in plain integers, the frames the node sent to that consumer. An
+interface node counts its activations too (started, ended, failed, cancelled, and the frames
+they produced), and, where an observer installed a histogram on it (`duration_bounds`,
+`duration_counts`), times the activations of observed calls into it. flowrt.observe reads these
+counts when metrics are scraped.
+
 Order (docs/runtime.md, rule 7) is prepared here too. Every place that must see frames in the
 order of their keys is an `OrderConsumer`: a stream the graph marks `ordered`, and the input of
 an `lb session` node outside loops. A consumer may let a frame (or an activation) through once
@@ -48,10 +55,21 @@ class GroupProgram:
         self.single = routing == "direct" and self.size == 1
 
 
+class Outlet:
+    """The frames a node sent on to one consumer (a node, or the caller): a frame counts once
+    however many of its fields reach the consumer. Counted by every call's dispatch."""
+
+    __slots__ = ("consumer", "frames")
+
+    def __init__(self, consumer: str):
+        self.consumer = consumer  # the consumer's node id, or "caller"
+        self.frames = 0
+
+
 class Edge:
     """One control edge: where a field goes and what happens there."""
 
-    __slots__ = ("kind", "field", "node", "group", "slot", "rule_c", "root", "stream", "ordered", "returned")
+    __slots__ = ("kind", "field", "node", "group", "slot", "rule_c", "root", "stream", "ordered", "returned", "outlet")
 
     def __init__(self, kind: int, field: str, node: NodeProgram | None, group: GroupProgram | None, slot: int):
         self.kind = kind
@@ -64,6 +82,7 @@ class Edge:
         self.stream = -1  # for the caller: index of the streamed output, if the field is one
         self.ordered = False  # for the caller: the stream reaches it in SeqId order
         self.returned = False  # for the caller: the field is also returned
+        self.outlet: Outlet | None = None  # what counts the frames sent on it (set with the node's routes)
 
 
 class Route:
@@ -134,6 +153,16 @@ class NodeProgram:
         "binding",
         "methods",
         "timeout",
+        "outlets",
+        "shared_outlets",
+        "acts_started",
+        "acts_ended",
+        "acts_failed",
+        "acts_cancelled",
+        "frames_out",
+        "duration_bounds",
+        "duration_counts",
+        "duration_sum",
     )
 
     def __init__(self, index: int, tables: NodeTables):
@@ -165,6 +194,16 @@ class NodeProgram:
         self.methods: list[Any] = []  # the interface's bound method on each replica
         self.generator = False  # the method is an async generator (streams its frames)
         self.timeout: float | None = None
+        self.outlets: tuple[Outlet, ...] = ()  # one per consumer its edges reach, in order
+        self.shared_outlets = False  # some consumer is reached by two edges (a frame must count once)
+        # its activations since the runtime opened (flowrt.observe.metrics): started, ended (of
+        # which failed and cancelled), and the frames they produced
+        self.acts_started = self.acts_ended = self.acts_failed = self.acts_cancelled = self.frames_out = 0
+        # a histogram of its activations' durations, installed by an observer (flowrt.observe.metrics):
+        # seconds land in the first bucket whose bound they do not exceed (the last is +Inf); None: not timed
+        self.duration_bounds: tuple[float, ...] = ()
+        self.duration_counts: list[int] | None = None
+        self.duration_sum = 0.0
 
     def __repr__(self) -> str:
         return f"<node {self.id}>"
@@ -218,6 +257,7 @@ class GraphProgram:
                 Route(name, self._edges(name, targets, tables)) for name, targets in tables[node.id].control.items()
             )
             node.feeds_stream_slots = any(e.kind == STREAM_SLOT for route in node.routes for e in route.edges)
+            _outlets(node)
             node.out_fields = frozenset(route.field for route in node.routes)
         self.joins = tuple(node for node in self.nodes if node.join is not None)
         watchers: dict[int, list[NodeProgram]] = {}
@@ -318,6 +358,22 @@ class GraphProgram:
         self.consumers = tuple(consumers)
         self.stream_consumers = tuple(stream_consumers)
         self.resets = tuple(resets)
+
+
+def _outlets(node: NodeProgram) -> None:
+    """Give each of the node's edges the outlet of its consumer, one outlet per consumer."""
+    outlets: dict[str, Outlet] = {}
+    edges = 0
+    for route in node.routes:
+        for edge in route.edges:
+            consumer = "caller" if edge.node is None else edge.node.id
+            outlet = outlets.get(consumer)
+            if outlet is None:
+                outlet = outlets[consumer] = Outlet(consumer)
+            edge.outlet = outlet
+            edges += 1
+    node.outlets = tuple(outlets.values())
+    node.shared_outlets = edges > len(outlets)
 
 
 def _ancestors(index: int, preds: list[set[int]]) -> set[int]:

@@ -66,7 +66,8 @@ class Context:
                 f"flowrt.deploy.open_deployment(path, 'inproc'), python -m BUNDLE), not a bare Runtime.open; "
                 f"and only where torch is installed (pip install 'flowc[torch]')"
             )
-        return params.session(name, self.session, f"{self.session}/{self.call_id}/{self.role}.{self.interface}#{self.replica}")
+        owner = f"{self.session}/{self.call_id}/{self.role}.{self.interface}#{self.replica}"
+        return params.session(name, self.session, owner, role=self.role)
 
     def __repr__(self) -> str:
         return f"Context(role={self.role!r}, interface={self.interface!r}, session={self.session!r}, call_id={self.call_id})"

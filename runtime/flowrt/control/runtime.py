@@ -299,6 +299,10 @@ class Runtime:
         call = Call(self, program, inputs, session, call_id)
         call.observer = self.observer if observer is None else observer
         call.track_frames = bool(getattr(call.observer, "frames", False))  # (a trace's arrows need them)
+        call.watch_output = getattr(call.observer, "first_output", None) is not None  # (the time to the first frame)
+        observer = call.observer
+        call.watch_starts = observer is not None and bool(getattr(observer, "starts", True))  # (an observer may not need them)
+        call.watch_ends = observer is not None and bool(getattr(observer, "ends", True))
         self.calls.add(call)
         watchdog = call.loop.call_later(deadline, call.cancel, "timeout") if deadline else None
         return call, watchdog, anonymous

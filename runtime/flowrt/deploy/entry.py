@@ -76,6 +76,9 @@ def main(path: Path, argv: list[str]) -> int:
         help="serve: the largest request body accepted (default: %(default)g)",
     )
     parser.add_argument("--debug", action="store_true", help="log debug records and full tracebacks of role errors")
+    parser.add_argument(
+        "--log-format", choices=["text", "json"], default="text", help="serve, launch: stderr's log as text or JSON lines"
+    )
     args = parser.parse_args(argv)
     deploy = args.deploy or {"launch": "local", "launch-ray": "ray=auto"}.get(args.command, "inproc")
     try:
@@ -96,12 +99,12 @@ def main(path: Path, argv: list[str]) -> int:
         print(f"flowrt: {error}", file=sys.stderr)
         return 1
     if args.command in ("serve", "launch", "launch-ray"):
-        return _serve(path, args.http, args.debug, limits)
+        return _serve(path, args.http, args.debug, limits, args.log_format)
     print(describe(bundle) if args.command == "info" else f"bundle {bundle.name}: {len(bundle.roles)} roles, tables consistent")
     return 0
 
 
-def _serve(path: Path, address: str, debug: bool, limits: dict) -> int:
+def _serve(path: Path, address: str, debug: bool, limits: dict, log_format: str = "text") -> int:
     import asyncio
 
     from flowrt.deploy.serving import Stopped, serve
@@ -114,7 +117,7 @@ def _serve(path: Path, address: str, debug: bool, limits: dict) -> int:
     except ValueError as error:
         print(f"flowrt: --http: {error}", file=sys.stderr)
         return 2
-    show_log(debug)
+    show_log(debug, log_format)
     try:
         asyncio.run(serve(path, host, port, debug=debug, **limits))
     except Stopped as stopped:

@@ -8,6 +8,13 @@
 Whatever the deployment, `runtime` is the same `Runtime` with the same calls and events; only
 where the roles run differs. `statistics()` adds, for `local` and `ray`, what every replica
 process holds.
+
+`progress(event, role, replica)`, where given, hears how the start goes, from the events
+themselves: `planned` for each replica first, then `starting` (its process was started; local
+and ray), `setup_started` and `setup_ended` (around its setup: under local, the replica process
+says so as it imports, constructs and sets up its role; inproc, around each `setup()`), and
+`ready` (it registered; inproc, once every role is set up). Where the log is JSON
+(flowrt.logs), the runtime logs its calls (`CallLog`).
 """
 
 from __future__ import annotations
@@ -23,10 +30,13 @@ from flowrt.bundle import load_bundle
 from flowrt.control import Runtime
 from flowrt.deploy import kvpools
 from flowrt.deploy.local import DeployError, LocalSupervisor
+from flowrt.logs import CallLog, log_format
+from flowrt.observe import combine
 from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 from flowrt.registry import DEFAULT_HEARTBEAT_TTL, RegistryError, parse_registry
 
 DEPLOYS = ("inproc", "local", "ray")
+Progress = Callable[[str, str, int], None]  # (event, role, replica): the module docstring
 STATS_TIMEOUT = 1.0  # seconds /stats waits for the memory manager (the gateway's loop waits with it)
 MIN_HEARTBEAT_TTL = 0.3  # seconds: a heartbeat every 0.1 s at the most
 
@@ -97,8 +107,28 @@ async def open_deployment(
     clock: Callable[[], float] = time.monotonic,
     debug: bool = False,
     pool_mb: float | None = None,
+    progress: Progress | None = None,
 ) -> Deployment:
-    """Start `path` under `deploy`; DeployError (a FlowrtError) saying why it cannot."""
+    """Start `path` under `deploy`; DeployError (a FlowrtError) saying why it cannot.
+    `progress` hears how the start goes (the module docstring)."""
+    deployment = await _open(path, deploy, registry, heartbeat_ttl, session_ttl, max_sessions, clock, debug, pool_mb, progress)
+    if log_format() == "json":
+        deployment.runtime.observer = combine(deployment.runtime.observer, CallLog())
+    return deployment
+
+
+async def _open(
+    path: str | Path,
+    deploy: str,
+    registry: str | None,
+    heartbeat_ttl: float,
+    session_ttl: float,
+    max_sessions: int,
+    clock: Callable[[], float],
+    debug: bool,
+    pool_mb: float | None,
+    progress: Progress | None,
+) -> Deployment:
     kind, address = parse_deploy(deploy)
     try:
         registry = parse_registry(registry)
@@ -114,8 +144,18 @@ async def open_deployment(
         from flowrt.memory.api import InprocMemory
 
         memory = InprocMemory()
-        runtime = await Runtime.open(path, session_ttl=session_ttl, max_sessions=max_sessions, clock=clock, memory=memory)
-        kvpools.attach(memory, runtime.bundle.plan, f"{runtime.bundle.name}-{uuid.uuid4().hex[:12]}")
+        bundle = load_bundle(Path(path))
+        # the pools before the roles' setup(), as a local replica has them: setup may check the
+        # KV globals it will use (flowstd's LLM roles refuse a global of the wrong shape there)
+        kvpools.attach(memory, bundle.plan, f"{bundle.name}-{uuid.uuid4().hex[:12]}")
+        opening = Runtime if progress is None else _reporting(progress, bundle)
+        try:
+            runtime = await opening.open(path, session_ttl=session_ttl, max_sessions=max_sessions, clock=clock, memory=memory)
+        except BaseException:
+            kvpools.detach(memory)
+            raise
+        for role, replica in _replicas(runtime.bundle) if progress is not None else ():
+            progress("ready", role, replica)
         return Deployment(kind, runtime, memory=memory)
     bundle = load_bundle(Path(path))
     if kind == "ray":
@@ -124,6 +164,8 @@ async def open_deployment(
         supervisor: Any = RaySupervisor(bundle, registry, heartbeat_ttl, address, debug, pool_mb=pool_mb)
     else:
         supervisor = LocalSupervisor(bundle, registry, heartbeat_ttl, debug, pool_mb=pool_mb)
+    if progress is not None:
+        supervisor.progress = progress
     try:
         await supervisor.start()
     except RegistryError as error:
@@ -135,3 +177,21 @@ async def open_deployment(
         raise
     supervisor.memory_down = functools.partial(runtime.fail_all, where="memory manager")
     return Deployment(kind, runtime, supervisor)
+
+
+def _replicas(bundle: Any) -> list[tuple[str, int]]:
+    return [(name, replica) for name, spec in sorted(bundle.roles.items()) for replica in range(spec.replicas)]
+
+
+def _reporting(progress: Progress, bundle: Any) -> type[Runtime]:
+    """The inproc runtime, telling `progress` of every replica planned and of each `setup()`."""
+    for role, replica in _replicas(bundle):
+        progress("planned", role, replica)
+
+    class Reporting(Runtime):
+        async def _setup(self, role: str, replica: int, setup: Any) -> None:
+            progress("setup_started", role, replica)
+            await super()._setup(role, replica, setup)
+            progress("setup_ended", role, replica)
+
+    return Reporting

@@ -33,6 +33,7 @@ import zmq.asyncio
 from flowrt.bundle import Bundle
 from flowrt.deploy.remote import WAIT_ENV, Remote, RemoteBinding, replica_wait
 from flowrt.errors import FlowrtError
+from flowrt.logs import event, log_format
 from flowrt.registry import Directory, Record, open_source
 from flowrt.transport.sockets import ipc_endpoint, private_dir, remove_dir
 
@@ -83,6 +84,7 @@ class LocalSupervisor:
         self.manager: Any = None  # the machine's MemoryManager process (flowrt.memory.keeper)
         self.memory: Any = None  # the gateway's MemoryClient
         self.memory_down: Any = lambda reason: None  # set by open_deployment: ends the calls in flight
+        self.progress: Any = lambda event, role, replica: None  # set by open_deployment (flowrt.deploy.launch)
         self.pool_nbytes = 0
         self.registry = registry
         self.ttl = ttl
@@ -96,7 +98,7 @@ class LocalSupervisor:
             raise DeployError(f"{WAIT_ENV}: {error}") from None
         self.remote = Remote({name: spec.replicas for name, spec in bundle.roles.items()}, wait)
         self.remote.explain = self.explain
-        self.directory = Directory(ttl, self.remote.on_up, self._down)
+        self.directory = Directory(ttl, self._up, self._down)
         self.processes: dict[tuple[str, int], Process] = {}
         self.source = None
         self.ticker: asyncio.Task | None = None
@@ -164,6 +166,8 @@ class LocalSupervisor:
                 "set FLOWRT_SOCKET_DIR to a writable directory"
             ) from None
         expected = self.expected()
+        for role, replica in expected:
+            self.progress("planned", role, replica)
         self.failed_start = asyncio.get_running_loop().create_future()
         try:
             self.source = await open_source(
@@ -260,6 +264,7 @@ class LocalSupervisor:
             "parent": os.getpid(),
             "gateway_pid": os.getpid(),  # (the memory manager's call keys are GATEWAY_PID:CALL_ID)
             "debug": self.debug,
+            "log_format": log_format(),
             "sys_path": [p for p in sys.path if p],
             "memory": None
             if self.manager is None
@@ -285,15 +290,25 @@ class LocalSupervisor:
             limit=RELAY_LINE,
         )
         process.started += 1
+        log.info(
+            "replica %d of role `%s` started (pid %d)",
+            process.replica,
+            process.role,
+            process.proc.pid,
+            extra=event("replica_started", role=process.role, replica=process.replica, pid=process.proc.pid),
+        )
+        self.progress("starting", process.role, process.replica)
         process.relay = asyncio.ensure_future(self._relay(process, process.proc))
         process.watcher = asyncio.ensure_future(self._watch(process, process.proc))
 
     async def _relay(self, process: Process, proc: asyncio.subprocess.Process) -> None:
         """The replica's stderr on ours, line by line, but for the line saying why it could not
-        start, which is kept (the supervisor reports it once)."""
-        from flowrt.deploy.worker import FAILED_LINE
+        start, which is kept (the supervisor reports it once), and those saying how its start
+        goes (`progress`). Where the log is JSON, a line that is not (a print) becomes one."""
+        from flowrt.deploy.worker import FAILED_LINE, PROGRESS_LINE
 
         assert proc.stderr is not None
+        json_log = log_format() == "json"
         while True:
             try:
                 line = await proc.stderr.readline()
@@ -304,6 +319,13 @@ class LocalSupervisor:
             text = line.decode(errors="replace")
             if text.startswith(FAILED_LINE):
                 process.last_error = text[len(FAILED_LINE) :].strip()
+                continue
+            if text.startswith(PROGRESS_LINE):
+                self.progress(text[len(PROGRESS_LINE) :].strip(), process.role, process.replica)
+                continue
+            if json_log and not text.startswith("{"):  # (not its log's: a print, a warning) a JSON line too
+                where = event("replica_output", role=process.role, replica=process.replica)
+                log.warning("%s", text.rstrip("\n"), extra=where)
                 continue
             sys.stderr.write(text)
             sys.stderr.flush()
@@ -358,11 +380,31 @@ class LocalSupervisor:
                 return
         backoff = min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** len(process.restarts))
         process.restarts.append(now)
-        log.warning("restarting replica %d of role `%s` in %gs", process.replica, process.role, backoff)
+        log.warning(
+            "restarting replica %d of role `%s` in %gs",
+            process.replica,
+            process.role,
+            backoff,
+            extra=event("replica_restarting", role=process.role, replica=process.replica, backoff_s=backoff),
+        )
         await asyncio.sleep(backoff)
         if not self.stopping:
             self.restarted += 1
             await self._spawn(process)
+
+    def _up(self, record: Record) -> None:
+        """The registry has a replica up: calls may use it now."""
+        self.remote.on_up(record)
+        if self.remote.links.get((record.role, record.replica)) is None:
+            return  # (not one of this bundle's: the remote said so)
+        log.info(
+            "replica %d of role `%s` is ready (pid %d)",
+            record.replica,
+            record.role,
+            record.pid,
+            extra=event("replica_ready", role=record.role, replica=record.replica, pid=record.pid),
+        )
+        self.progress("ready", record.role, record.replica)
 
     def _down(self, record: Record, reason: str) -> None:
         """The registry dropped a replica: its calls fail now; a process that lapsed is killed

@@ -17,6 +17,11 @@ and starts there. `begin` returns a ticket (a negative replica) that `finished` 
 replica chosen, so the load counts stay exact; `waiting_activations` counts those queued. It
 fails only when none comes up within REPLICA_WAIT seconds ($FLOWRT_REPLICA_WAIT), with an
 error saying how long it waited and what the supervisor knows of why (`explain`).
+
+`moved` counts, per producer (graph, role.interface) and the fields of its frames, the frames
+that came from replicas and their bytes as the data plane moved them (the pickled payload's ZMQ
+frames, plus the tensors it mapped from shared memory): /metrics' bytes per edge
+(flowrt.deploy.observed).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import zmq
 from flowrt.control.contract import RemoteFailure
 from flowrt.control.roles import RoleBinding
 from flowrt.errors import FlowrtError
+from flowrt.logs import dropped
 from flowrt.options import wait_seconds
 from flowrt.registry import Record
 from flowrt.registry.directory import TOKENS_PER_ACTIVATION
@@ -56,7 +62,7 @@ log = logging.getLogger("flowrt.deploy")
 class Pending:
     """One activation running on a replica, as the gateway sees it."""
 
-    __slots__ = ("act", "link", "frames", "outcome", "waiter", "taken", "uses", "blocks", "call")
+    __slots__ = ("act", "link", "frames", "outcome", "waiter", "taken", "uses", "blocks", "call", "source")
 
     def __init__(self, act: int, link: Link, uses: dict | None):
         self.act = act
@@ -70,6 +76,7 @@ class Pending:
         self.uses = uses
         self.blocks: list[int] = ()  # pool blocks its inputs hold a ref on (freed when it ends)
         self.call = ""
+        self.source: tuple[str, str] = ("", "")  # (graph, role.interface): whose frames it receives
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -148,6 +155,7 @@ class Remote:
         self.decoder: Any = None
         self.foreign: set[tuple[str, int]] = set()  # replicas on other machines than the gateway's manager: pickled tensors
         self.pid = os.getpid()
+        self.moved: dict[tuple, list[int]] = {}  # ((graph, role.interface), fields) -> [frames, bytes] (the docstring)
 
     def use_memory(self, client: Any) -> None:
         from flowrt.memory.tensors import Decoder
@@ -190,7 +198,7 @@ class Remote:
             return
         del self.links[key]
         self.live[record.role] = sorted(r for (role, r) in self.links if role == record.role)
-        log.warning("replica %d of role `%s` is down: %s", record.replica, record.role, reason)
+        log.warning("replica %d of role `%s` is down: %s", record.replica, record.role, reason, extra=dropped(record, reason))
         self.last_down[record.role] = f"replica {record.replica} went away: {reason}"
         self._fail_link(link, reason)
 
@@ -229,9 +237,10 @@ class Remote:
             if pending is None:
                 return  # an activation already ended here (cancelled, or its replica replaced)
             if kind is m.Frame:
-                pending.frames.append(codec.loads(frames[1:], self.decoder))
+                frame = self._payload(pending, frames, False)
+                pending.frames.append(frame)
             elif kind is m.Return:
-                frame, changes = codec.loads(frames[1:], self.decoder)
+                frame, changes = self._payload(pending, frames, True)
                 pending.outcome = ("return", frame, changes)
             elif kind is m.Failed:
                 _, changes = codec.loads(frames[1:], self.decoder)
@@ -256,6 +265,22 @@ class Remote:
             )
             link.send(m.Cancel(VERSION, pending.act))
         pending.wake()
+
+    def _payload(self, pending: Pending, frames: list, returned: bool) -> Any:
+        """A Frame's or Return's payload, its frame and bytes counted in `moved`."""
+        decoder = self.decoder
+        mapped = decoder.nbytes if decoder is not None else 0
+        value = codec.loads(frames[1:], decoder)
+        frame = value[0] if returned else value
+        if type(frame) is dict:
+            size = sum(len(part) for part in frames[1:]) + (decoder.nbytes - mapped if decoder is not None else 0)
+            key = (pending.source, tuple(frame))
+            counts = self.moved.get(key)
+            if counts is None:
+                counts = self.moved[key] = [0, 0]
+            counts[0] += 1
+            counts[1] += size
+        return value
 
     def _garbage(self, link: Link, why: str) -> None:
         self.garbage += 1
@@ -305,6 +330,7 @@ class Remote:
 
     def _start(self, link: Link, start: m.Start, inputs: dict, uses: dict | None) -> Pending:
         pending = Pending(start.act, link, uses)
+        pending.source = (start.graph, f"{link.record.role}.{start.interface}")
         encoder = None
         if self.memory is not None and (link.record.role, link.record.replica) not in self.foreign:
             from flowrt.memory.tensors import Encoder
@@ -395,20 +421,24 @@ class Remote:
     # ── statistics ──
 
     async def probe(self, timeout: float = 2.0) -> dict[str, dict[str, int]]:
-        """Each replica process's own statistics (what runs there now)."""
-        answers = {}
+        """Each replica process's own statistics (what runs there now), asked of all at once;
+        `{"unanswered": 1}` for one that did not answer within `timeout` seconds."""
+        asked = {}
+        loop = asyncio.get_running_loop()
         for (role, replica), link in sorted(self.links.items()):
             token = next(self.acts)
-            future = self.probes[token] = asyncio.get_running_loop().create_future()
+            asked[f"{role}/{replica}"] = (token, self.probes.setdefault(token, loop.create_future()))
             link.send(m.Probe(VERSION, token))
-            try:
-                async with asyncio.timeout(timeout):
-                    answers[f"{role}/{replica}"] = await future
-            except TimeoutError:
-                answers[f"{role}/{replica}"] = {"unanswered": 1}
-            finally:
+        try:
+            if asked:
+                await asyncio.wait([future for _, future in asked.values()], timeout=timeout)
+        finally:
+            for token, _ in asked.values():
                 self.probes.pop(token, None)
-        return answers
+        return {
+            name: future.result() if future.done() and not future.cancelled() else {"unanswered": 1}
+            for name, (_, future) in asked.items()
+        }
 
     def statistics(self) -> dict[str, int]:
         return {

@@ -3,26 +3,42 @@
 What `flowc run DIR [--deploy ...]` (without --once) and `python -m BUNDLE serve|launch` run.
 SIGINT or SIGTERM stops accepting, cancels the calls in flight (their streams end with `done`
 and status `cancelled`), stops the deployment's processes and returns.
+
+The address is tried before the deployment starts, so a taken port is refused before any role
+loads its model; `progress` hears how the start goes (flowrt.deploy.launch), and the log has a
+`server_started` event once the server listens (flowrt.logs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 
 from aiohttp import web
 
-from flowrt.deploy.launch import open_deployment
+from flowrt.deploy.launch import Progress, open_deployment
+from flowrt.deploy.observed import gatherer
 from flowrt.errors import FlowrtError
 from flowrt.gateway import application
+from flowrt.logs import event, log_format
+from flowrt.observe import otlp
 from flowrt.options import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 from flowrt.registry import DEFAULT_HEARTBEAT_TTL
+
+log = logging.getLogger("flowrt.serving")
 
 
 class CannotListen(FlowrtError):
     """The address is taken or not ours to bind."""
+
+
+class CannotExport(FlowrtError):
+    """OTLP export is asked for (OTEL_EXPORTER_OTLP_ENDPOINT) and the OpenTelemetry SDK is missing."""
 
 
 class Stopped(FlowrtError):
@@ -46,6 +62,7 @@ async def serve(
     heartbeat_ttl: float | None = None,
     pool_mb: float | None = None,
     debug: bool = False,
+    progress: Progress | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM; prints `serving NAME on http://HOST:PORT` once listening.
     `deploy`, `registry` and `heartbeat_ttl` pick where the roles run (flowrt.deploy). A signal
@@ -63,6 +80,11 @@ async def serve(
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
+    _try_listen(host, port)
+    try:
+        otlp.check()  # asked for and not installed: refused before any role loads its model
+    except otlp.OtlpUnavailable as error:
+        raise CannotExport(str(error)) from None
     try:
         deployment = await open_deployment(
             bundle_dir,
@@ -73,6 +95,7 @@ async def serve(
             session_ttl=session_ttl,
             max_sessions=max_sessions,
             debug=debug,
+            progress=progress,
         )
     except asyncio.CancelledError:
         if not received:
@@ -81,7 +104,7 @@ async def serve(
     starting = None
     runtime = deployment.runtime
     runner = web.AppRunner(
-        application(runtime, max_body_mb, deployment if deployment.supervisor is not None else None),
+        application(runtime, max_body_mb, deployment if deployment.supervisor is not None else None, gatherer(deployment)),
         handler_cancellation=True,
         access_log=None,
     )
@@ -95,12 +118,45 @@ async def serve(
                 f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --http HOST:PORT"
             ) from None
         bound_host, bound_port = runner.addresses[0][:2]
-        print(f"serving {runtime.bundle.name} on http://{bound_host}:{bound_port}", flush=True)
+        url = f"http://{bound_host}:{bound_port}"
+        print(f"serving {runtime.bundle.name} on {url}", flush=True)
+        log.info(
+            "serving %s on %s (--deploy %s)",
+            runtime.bundle.name,
+            url,
+            deploy,
+            extra=event("server_started", url=url, deploy=deploy),
+        )
         await stop.wait()
-        print("stopping: cancelling the calls in flight", file=sys.stderr, flush=True)
+        if log_format() == "json":  # (stderr holds JSON lines only)
+            log.info("stopping: cancelling the calls in flight", extra=event("server_stopping"))
+        else:
+            print("stopping: cancelling the calls in flight", file=sys.stderr, flush=True)
         await runtime.close()  # every stream ends with its `done` event before connections close
     finally:
         try:
             await runner.cleanup()
         finally:
             await deployment.close()  # the replica processes stop with the server, however it stops
+
+
+def _try_listen(host: str, port: int) -> None:
+    """CannotListen now if `host:port` is taken or not ours to bind (as the server binds it:
+    SO_REUSEADDR), rather than once every role has started; a name that does not resolve is
+    left for the server's own bind to report."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return
+    family, kind, proto, _, address = infos[0]
+    with contextlib.ExitStack() as closing:
+        try:
+            probe = closing.enter_context(socket.socket(family, kind, proto))
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+        except OSError as error:
+            raise CannotListen(
+                f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --http HOST:PORT"
+            ) from None

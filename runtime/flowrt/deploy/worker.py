@@ -10,6 +10,10 @@ dropped. The process exits when its parent goes away (so a killed supervisor lea
 orphans), on `Stop`, or on SIGTERM.
 
 Exit status 3 means the replica could not start; its stderr line starting FAILED_LINE says why.
+Lines starting PROGRESS_LINE tell the supervisor how its start goes (`setup_started` before it
+imports its role, `setup_ended` once the role is constructed and set up). Where the log is JSON,
+its lines carry the replica's role and index, and those logged while an activation runs its
+call id and session (flowrt.logs).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context
 from flowrt.deploy import kvpools
 from flowrt.errors import FlowrtError
+from flowrt.logs import SCOPE, Scope, show_log
 from flowrt.memory.client import REQUEST_TIMEOUT, MemoryClient, MemoryError_
 from flowrt.registry import RegistryError, open_client
 from flowrt.tables import node_tables
@@ -51,6 +56,7 @@ from flowrt.transport.sockets import Coalescer, Reader, bind, unbatch
 WINDOW = 64  # frames of one stream a replica may send before the gateway takes some
 STARTUP_FAILED = 3
 FAILED_LINE = "flowrt-replica-failed: "  # the stderr line saying why it could not start (read by the supervisor)
+PROGRESS_LINE = "flowrt-replica-progress: "  # a stderr line saying how its start goes (read by the supervisor)
 log = logging.getLogger("flowrt.worker")
 
 
@@ -95,6 +101,8 @@ class Replica:
         self.memory: Any = None  # ctx.memory (flowrt.memory.api.ProcessMemory) where the deployment has a manager
         self.decoder: Any = None
         self.gateway_pid = config.get("gateway_pid") or 0
+        self.scoped = config.get("log_format") == "json"  # records logged by an activation carry its call id
+        self.reports = False  # progress lines on stderr: a process of its own's (`amain`), read by its supervisor
 
     def open_memory(self) -> None:
         """Connect to the machine's memory manager, if the deployment runs one."""
@@ -134,6 +142,7 @@ class Replica:
         return Encoder(self.memory.client, call)
 
     async def open(self) -> None:
+        self.progress("setup_started")
         self.open_memory()
         kvpools.attach(
             self.memory,
@@ -158,6 +167,7 @@ class Replica:
                     + (f" at {where}" if where else "")
                     + "; fix setup (it runs once per replica when the deployment starts)"
                 ) from None
+        self.progress("setup_ended")
         self.socket = self.plain.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SNDHWM, 0)
@@ -167,6 +177,10 @@ class Replica:
             name for name in self.spec.interfaces if inspect.isasyncgenfunction(getattr(self.instance, name, None))
         )
         await self.connect_registry()
+
+    def progress(self, step: str) -> None:
+        if self.reports:
+            print(f"{PROGRESS_LINE}{step}", file=sys.stderr, flush=True)
 
     def register(self) -> m.Register:
         return m.Register(m.VERSION, self.role_name, self.index, self.incarnation, self.address, os.getpid(), self.generators)
@@ -315,6 +329,8 @@ class Replica:
         result: Any = None
         before = _snapshot(uses)
         memory = None if self.memory is None else self.memory.for_call(call)
+        if self.scoped:
+            SCOPE.set(Scope(start.call_id, start.session, self.role_name, self.index))
         try:
             if interface is None:
                 raise LookupError(f"role `{self.role_name}` has no interface `{start.interface}` in graph `{start.graph}`")
@@ -428,6 +444,7 @@ async def amain(config: dict) -> int:
     except FlowrtError as error:
         print(f"{FAILED_LINE}{error}", file=sys.stderr, flush=True)
         return STARTUP_FAILED
+    replica.reports = True
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, replica.stopping.set)
@@ -454,9 +471,11 @@ def main(argv: list[str] | None = None) -> int:
     if config.get("parent") and os.getppid() != config["parent"]:
         return STARTUP_FAILED  # the supervisor died before this process started
     _die_with_parent()
-    from flowrt.logs import show_log
-
-    show_log(debug=bool(config.get("debug")))
+    show_log(
+        debug=bool(config.get("debug")),
+        log_format=config.get("log_format", "text"),
+        defaults={"role": config.get("role"), "replica": config.get("replica")},
+    )
     for entry in reversed(config.get("sys_path", [])):
         if entry not in sys.path:
             sys.path.insert(0, entry)

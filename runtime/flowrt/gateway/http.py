@@ -11,8 +11,11 @@
     GET  /stats[?idle=SECONDS]    the runtime's statistics(); with `idle`, first waits (at most
                                   SECONDS) until no call is running or queued; under `local`
                                   and `ray`, also replicas up, restarts and each replica
-                                  process's own statistics (`processes`)
-    GET  /metrics                 Prometheus text format: calls, activations, latency (flowrt.observe.metrics)
+                                  process's own statistics (`processes`); always `in_flight`:
+                                  the calls running, oldest first (graph, call_id, session, age_s)
+    GET  /metrics                 Prometheus text format: calls, activations, latency (flowrt.observe.metrics),
+                                  and the deployment's replicas, edges, pools and prefix reuse,
+                                  gathered from its processes as it is asked (flowrt.observe.deployment)
     POST /v1/chat/completions, GET /v1/models   OpenAI's chat API, errors too (flowrt.gateway.openai)
 
 Every answer that is not a call's event stream is JSON, and every error is `{"error": ...,
@@ -44,7 +47,9 @@ from aiohttp import web
 from flowrt import options
 from flowrt.control import CORE, BadInputs, BadTimeout, Runtime, UnknownGraph
 from flowrt.gateway import openai
-from flowrt.observe import CallTrace, Metrics, combine
+from flowrt.observe import CallTrace, Metrics, combine, otlp
+from flowrt.observe.calls import CallsInFlight
+from flowrt.observe.deployment import DeploymentMetrics
 from flowrt.observe.metrics import CONTENT_TYPE as METRICS_TYPE
 from flowrt.options import DEFAULT_MAX_BODY_MB
 from flowrt.values import event_json
@@ -53,6 +58,8 @@ RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
 DEPLOYMENT: web.AppKey[Any] = web.AppKey("deployment", object)  # flowrt.deploy.Deployment, when serving one
 MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)  # bytes
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)  # what GET /metrics reads; the runtime's observer
+DEPLOYMENT_METRICS: web.AppKey[DeploymentMetrics] = web.AppKey("deployment_metrics", DeploymentMetrics)  # ... and this
+IN_FLIGHT: web.AppKey[CallsInFlight] = web.AppKey("in_flight", CallsInFlight)  # GET /stats' `in_flight`; an observer too
 NDJSON = "application/x-ndjson"
 log = logging.getLogger("flowrt.gateway")
 
@@ -147,13 +154,17 @@ async def stats(request: web.Request) -> web.Response:
         with contextlib.suppress(TimeoutError):  # report what is still in flight
             await asyncio.wait_for(runtime.wait_idle(), idle)
     deployment = request.app.get(DEPLOYMENT)
-    if deployment is not None:
-        return web.json_response(await deployment.statistics())
-    return web.json_response(runtime.statistics())
+    answer = await deployment.statistics() if deployment is not None else runtime.statistics()
+    return web.json_response({**answer, "in_flight": request.app[IN_FLIGHT].listing()})
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[METRICS].exposition(), headers={"Content-Type": METRICS_TYPE})
+    body = request.app[METRICS].exposition()
+    deployment = request.app.get(DEPLOYMENT_METRICS)
+    if deployment is not None:  # (its processes are asked now: what it reports is as of this request)
+        await deployment.refresh()
+        body += deployment.exposition()
+    return web.Response(body=body, headers={"Content-Type": METRICS_TYPE})
 
 
 TRACE_FLAGS = {"1": True, "true": True, "0": False, "false": False}
@@ -222,9 +233,8 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
         async for batch in events:
             data = event_lines(batch)
             if batch[-1]["event"] == "done":  # the call's last events
-                if trace is not None:
-                    batch[-1] = {**batch[-1], "trace": trace.chrome_trace()}
-                    data = event_lines(batch)
+                if trace is not None:  # the trace's JSON text spliced in as the done event's last key
+                    data = data[: -len(b"}\n")] + b', "trace": ' + trace.chrome_trace_json() + b"}\n"
                 if response is None:  # all of them at once: one plain answer, one write
                     return web.Response(body=data, content_type=NDJSON)
                 await response.write_eof(data)
@@ -240,8 +250,11 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
     return response if response is not None else web.Response(status=499)  # the client is gone: nobody reads it
 
 
-def application(runtime: Runtime, max_body_mb: float = DEFAULT_MAX_BODY_MB, deployment: Any = None) -> web.Application:
-    """The server's routes over `runtime`, whose calls it counts for /metrics from now on."""
+def application(
+    runtime: Runtime, max_body_mb: float = DEFAULT_MAX_BODY_MB, deployment: Any = None, gather: Any = None
+) -> web.Application:
+    """The server's routes over `runtime`, whose calls it counts for /metrics from now on;
+    `gather` (flowrt.deploy.observed) adds the deployment's own metrics to /metrics."""
     max_body = int(max_body_mb * 2**20)
     app = web.Application(middlewares=[json_errors], client_max_size=max_body)
     app[RUNTIME] = runtime
@@ -249,6 +262,14 @@ def application(runtime: Runtime, max_body_mb: float = DEFAULT_MAX_BODY_MB, depl
         app[DEPLOYMENT] = deployment
     app[MAX_BODY] = max_body
     app[METRICS] = _metrics_of(runtime)
+    if gather is not None:
+        app[DEPLOYMENT_METRICS] = DeploymentMetrics(gather)
+    app[IN_FLIGHT] = calls = CallsInFlight()
+    runtime.observer = combine(runtime.observer, calls)
+    export = otlp.from_environment()  # OTEL_EXPORTER_OTLP_ENDPOINT set: every call as spans (flowrt.observe.otlp)
+    if export is not None:
+        runtime.observer = combine(runtime.observer, export)
+        app.on_cleanup.append(lambda _: asyncio.to_thread(export.shutdown))
     app.router.add_get("/health", health)
     app.router.add_get("/graphs", graphs)
     app.router.add_get("/stats", stats)

@@ -161,6 +161,7 @@ class Decoder:
         self.adopt = adopt  # the gateway: each received tensor's ref becomes its own while it lives
         self.owned = owned  # the process holds a ref already (a cache hit in setup): free it with the tensor
         self.numpy, self.torch = _modules()
+        self.nbytes = 0  # bytes of the tensors it has mapped so far (the edges' bytes for /metrics)
 
     def tensor(
         self,
@@ -183,6 +184,7 @@ class Decoder:
                 "(another machine's, or one that died): it cannot be mapped here"
             )
         buffer = client.view(slab, epoch, block, offset, size)
+        self.nbytes += nbytes
         if self.adopt:
             client.post(p.Adopt(p.VERSION, 0, block, call, client.process))
         if self.adopt or self.owned:

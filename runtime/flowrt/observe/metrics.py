@@ -1,12 +1,19 @@
-"""Prometheus metrics of a runtime: calls by graph and status, call latency, activations and
-their latency by role and interface, and what is in flight (docs/observe.md lists them).
+"""Prometheus metrics of a runtime: calls by graph and status, call latency and time to the
+first streamed frame, activations and their latency by role and interface, and what is in
+flight (docs/observe.md lists them). What the deployment's processes hold (replicas, edges,
+pools, prefix reuse) is flowrt.observe.deployment's.
 
 `Metrics` is an observer (flowrt.observe.hooks): its hooks only count, in plain Python numbers
 kept per graph and per (role, interface), because prometheus_client's own Counter and
 Histogram take a lock and walk their buckets on every update, which costs more than a no-op
-activation. A custom collector turns the counts into metric families when /metrics is
-scraped (prometheus_client's documented pattern for exporters with their own bookkeeping).
-Each `Metrics` has a registry of its own, so two runtimes in one process never mix.
+activation. Nothing at all runs here per activation (`starts` and `ends` are false): how many
+started, ended by outcome, their frames and the histogram of their durations are the control
+core's own counts on each node (flowrt.control.program; the histogram's buckets are installed
+on the nodes of each graph when this observer sees its first call), read when /metrics is
+scraped. Only calls are counted here, a few dictionary updates each. A custom collector turns
+the counts into metric families then (prometheus_client's documented pattern for exporters
+with their own bookkeeping). Each `Metrics` has a registry of its own, so two runtimes in one
+process never mix.
 """
 
 from __future__ import annotations
@@ -54,40 +61,52 @@ class Latency:
 
 
 class InterfaceStats:
-    """One (role, interface): activations started, ended by outcome, frames, latency."""
+    """One (role, interface): its nodes in the graphs seen, whose counts the core keeps."""
 
-    __slots__ = ("role", "interface", "started", "ended", "errors", "cancelled", "frames", "latency")
+    __slots__ = ("role", "interface", "nodes")
 
     def __init__(self, role: str, interface: str):
         self.role = role
         self.interface = interface
-        self.started = 0
-        self.ended = 0
-        self.errors = 0
-        self.cancelled = 0
-        self.frames = 0
-        self.latency = Latency(ACTIVATION_BUCKETS)
+        self.nodes: list[Any] = []
+
+    def count(self, name: str) -> int:
+        """The sum of a count the core keeps on each node (acts_started, acts_ended, ...)."""
+        return sum(getattr(node, name) for node in self.nodes)
+
+    def latency(self) -> Latency:
+        """The histogram of its activations' durations: the sum of its nodes'."""
+        latency = Latency(ACTIVATION_BUCKETS)
+        for node in self.nodes:
+            if node.duration_counts is not None:
+                latency.counts = [a + b for a, b in zip(latency.counts, node.duration_counts, strict=True)]
+                latency.total += node.duration_sum
+        return latency
 
 
 class GraphStats:
-    """One graph: calls started, ended by status, latency."""
+    """One graph: calls started, ended by status, latency, time to the first output event."""
 
-    __slots__ = ("started", "by_status", "latency")
+    __slots__ = ("started", "by_status", "latency", "first_frame")
 
     def __init__(self) -> None:
         self.started = 0
         self.by_status: dict[str, int] = {}
         self.latency = Latency(CALL_BUCKETS)
+        self.first_frame = Latency(CALL_BUCKETS)
 
 
 class Metrics(Observer):
     """Counts what the runtime does; `exposition()` is the text GET /metrics answers."""
 
+    starts = ends = False  # (the core counts and times activations itself: the module docstring)
+
     def __init__(self) -> None:
         self.graphs: dict[str, GraphStats] = {}
         self.interfaces: dict[tuple[str, str], InterfaceStats] = {}
-        self._by_node: dict[Any, InterfaceStats] = {}  # the same stats, by the core's node object (one lookup)
-        self._call_started: dict[int, float] = {}  # call id -> when it started
+        self._nodes: set[Any] = set()  # the interface nodes counted (the core's node objects)
+        self._programs: set[Any] = set()  # the graph programs whose nodes are registered
+        self._call_started: dict[int, tuple[GraphStats, float]] = {}  # call id -> its graph's stats, when it started
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
@@ -98,41 +117,50 @@ class Metrics(Observer):
         if stats is None:
             stats = self.graphs[call.graph] = GraphStats()
         stats.started += 1
-        self._call_started[call.call_id] = now()
+        self._call_started[call.call_id] = (stats, now())
+        if call.program not in self._programs:
+            self._register(call.program)
+
+    def first_output(self, call: Any) -> None:
+        entry = self._call_started.get(call.call_id)
+        if entry is not None:
+            seconds = now() - entry[1]
+            latency = entry[0].first_frame  # (Latency.observe, inline: once per call)
+            latency.counts[bisect_left(latency.bounds, seconds)] += 1
+            latency.total += seconds
 
     def call_ended(self, call: Any, status: str) -> None:
-        stats = self.graphs[call.graph]
-        stats.by_status[status] = stats.by_status.get(status, 0) + 1
-        started = self._call_started.pop(call.call_id, None)
-        if started is not None:
-            stats.latency.observe(now() - started)
+        entry = self._call_started.pop(call.call_id, None)
+        if entry is None:  # (a call that started before this observer was installed)
+            stats = self.graphs.get(call.graph)
+            if stats is None:
+                stats = self.graphs[call.graph] = GraphStats()
+            stats.started += 1
+        else:
+            stats = entry[0]
+            seconds = now() - entry[1]
+            latency = stats.latency
+            latency.counts[bisect_left(latency.bounds, seconds)] += 1
+            latency.total += seconds
+        by_status = stats.by_status
+        by_status[status] = by_status.get(status, 0) + 1
 
-    def activation_started(self, call: Any, act: Any) -> None:
-        if act.started == 0.0:
-            act.started = now()
-        stats = self._by_node.get(act.node)
-        if stats is None:
-            stats = self._stats(act.node)
-        stats.started += 1
-
-    def activation_ended(self, call: Any, act: Any, reason: Any) -> None:
-        stats = self._by_node[act.node]
-        stats.ended += 1
-        if reason is not None:
-            if reason.value == "error":
-                stats.errors += 1
-            else:
-                stats.cancelled += 1
-        stats.frames += act.yielded
-        stats.latency.observe(now() - act.started)
-
-    def _stats(self, node: Any) -> InterfaceStats:
-        key = (node.role, node.method)
-        stats = self.interfaces.get(key)
-        if stats is None:
-            stats = self.interfaces[key] = InterfaceStats(*key)
-        self._by_node[node] = stats
-        return stats
+    def _register(self, program: Any) -> None:
+        """Report the interface nodes of a graph program, and have the core time their
+        activations from now on (a histogram another Metrics installed is shared)."""
+        self._programs.add(program)
+        for node in program.nodes:
+            if not node.interface or node in self._nodes:
+                continue
+            self._nodes.add(node)
+            if node.duration_counts is None:
+                node.duration_bounds = ACTIVATION_BUCKETS
+                node.duration_counts = [0] * (len(ACTIVATION_BUCKETS) + 1)
+            key = (node.role, node.method)
+            stats = self.interfaces.get(key)
+            if stats is None:
+                stats = self.interfaces[key] = InterfaceStats(*key)
+            stats.nodes.append(node)
 
     # ── reading ──
 
@@ -155,12 +183,18 @@ class _Collector:
         latency = HistogramMetricFamily(
             "flowrt_call_duration_seconds", "From a call's start to its done event.", labels=["graph"]
         )
+        first = HistogramMetricFamily(
+            "flowrt_first_frame_seconds",
+            "From a call's start to its first event carrying a graph output (calls that emit none are not counted).",
+            labels=["graph"],
+        )
         for graph, stats in graphs:
             for status, count in sorted(stats.by_status.items()):
                 calls.add_metric([graph, status], count)
             in_flight.add_metric([graph], stats.started - sum(stats.by_status.values()))
             latency.add_metric([graph], stats.latency.cumulative(), stats.latency.total)
-        yield from (calls, in_flight, latency)
+            first.add_metric([graph], stats.first_frame.cumulative(), stats.first_frame.total)
+        yield from (calls, in_flight, latency, first)
         labels = ["role", "interface"]
         activations = CounterMetricFamily(
             "flowrt_activations", "Activations that ended, by role, interface and outcome.", labels=[*labels, "outcome"]
@@ -171,12 +205,13 @@ class _Collector:
             "flowrt_activation_duration_seconds", "From a role's method being invoked to its end.", labels=labels
         )
         for (role, interface), stats in interfaces:
-            ok = stats.ended - stats.errors - stats.cancelled
-            for outcome, count in (("ok", ok), ("error", stats.errors), ("cancel", stats.cancelled)):
+            ended, errors, cancelled = stats.count("acts_ended"), stats.count("acts_failed"), stats.count("acts_cancelled")
+            for outcome, count in (("ok", ended - errors - cancelled), ("error", errors), ("cancel", cancelled)):
                 activations.add_metric([role, interface, outcome], count)
-            running.add_metric([role, interface], stats.started - stats.ended)
-            frames.add_metric([role, interface], stats.frames)
-            duration.add_metric([role, interface], stats.latency.cumulative(), stats.latency.total)
+            running.add_metric([role, interface], stats.count("acts_started") - ended)
+            frames.add_metric([role, interface], stats.count("frames_out"))
+            latency = stats.latency()
+            duration.add_metric([role, interface], latency.cumulative(), latency.total)
         yield from (activations, running, frames, duration)
 
 

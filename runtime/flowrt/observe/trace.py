@@ -7,14 +7,22 @@ values' arrows start. docs/observe.md describes the events and their args.
 A replica's activations can overlap in time (a role awaits; another activation of it runs): a
 lane is a replica's, and where its activations overlap the later ones go on further lanes of
 the same replica ("vae#0 (2)"), so no two events of a lane overlap and Perfetto draws every
-one. `CallTrace` is an observer (flowrt.observe.hooks) of one call; `chrome_trace()` gives
-the JSON value once the call has ended.
+one. `CallTrace` is an observer (flowrt.observe.hooks) of one call; once the call has ended,
+`chrome_trace_json()` gives the JSON text (what `?trace=1` and `flowc run --trace` write) and
+`chrome_trace()` the same as a JSON value.
+
+A traced call pays for its trace at its end, so the text is made the fast way: activations and
+arrows are msgspec structs encoded in C (building dicts and running json.dumps over them cost
+four times as much: bench/observe_overhead.py).
 """
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any
+
+import msgspec
 
 from flowrt.observe.hooks import Observer, now, outcome
 
@@ -23,24 +31,24 @@ RECORD = ("aid", "role", "interface", "replica", "start", "end", "inputs", "fram
 ENTRY = (0, 0)  # the frame id of the caller's entry values (flowrt.control.call.ENTRY_FRAMES)
 
 
-def frame_id(frame: tuple) -> str:
-    """A frame's id as traces write it: PRODUCER_AID:YIELD_INDEX ("0:0": the entry values)."""
-    return f"{frame[0]}:{frame[1]}"
-
-
 def payload_bytes(inputs: dict) -> int:
     """The bytes of the tensors and byte strings among an activation's inputs (a list's items
     counted too): what a deployment that copies frames moves; in process nothing is copied."""
     total = 0
     for value in inputs.values():
+        if type(value) in _NO_PAYLOAD:
+            continue  # (most inputs are small values: one set lookup, not an attribute search)
         for item in value if isinstance(value, list) else (value,):
             if isinstance(item, (bytes, bytearray, memoryview)):
                 total += len(item)
-            else:
+            elif type(item) not in _NO_PAYLOAD:
                 nbytes = getattr(item, "nbytes", None)
                 if isinstance(nbytes, int):
                     total += nbytes
     return total
+
+
+_NO_PAYLOAD = frozenset({str, int, float, bool, type(None), dict, tuple})  # values that carry no tensor or bytes
 
 
 class CallTrace(Observer):
@@ -87,93 +95,177 @@ class CallTrace(Observer):
 
     def chrome_trace(self) -> dict:
         """The call as Chrome trace JSON: {"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}."""
-        pid = self.pid
-        records = [dict(zip(RECORD, record, strict=True)) for record in self.activations]
-        for record in records:
-            record["inputs"] = [frame_id(f) for f in record["inputs"]]
-            record["outcome"] = outcome(record["outcome"])
+        return msgspec.json.decode(self.chrome_trace_json())
+
+    def chrome_trace_json(self) -> bytes:
+        """`chrome_trace()` as JSON text (UTF-8), made without the dicts (module docstring)."""
+        pid, call_id, session, graph, origin = self.pid, self.call_id, self.session, self.graph, self.started
+        records = sorted(self.activations, key=_START_THEN_AID)
         lanes = _lanes(records)
-        names = sorted({lane for lane, _ in lanes.values()}, key=_lane_order)
-        tids = {name: index + 1 for index, name in enumerate([CALLER_LANE, *names])}
-        events: list[dict] = [
-            {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"{self.process} (pid {pid})"}}
-        ]
-        for name, tid in tids.items():
-            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
-            events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
-        call_args = {"call_id": self.call_id, "graph": self.graph, "session": self.session, "status": self.status}
-        events.append(self._complete(f"call {self.graph}", "call", self.started, self.ended, tids[CALLER_LANE], call_args))
-        where = {ENTRY[0]: (tids[CALLER_LANE], self.started, self.ended)}  # a producer's aid -> its lane and times
+        tids, metadata = _layout(self.process, pid, frozenset(lanes.values()))
+        events: list[Any] = list(metadata)
+        call_args = {"call_id": call_id, "graph": graph, "session": session, "status": self.status}
+        events.append(_complete(f"call {graph}", "call", 0.0, _us(self.ended, origin), pid, 1, call_args))
+        where = {ENTRY[0]: (1, 0.0, _us(self.ended, origin))}  # a producer's aid -> its lane and times (µs)
         for record in records:
-            where[record["aid"]] = (tids[lanes[record["aid"]][0]], record["start"], record["end"])
+            aid, start, end = record[0], record[4], record[5]
+            where[aid] = (tids[lanes[aid]], int((start - origin) * 1e9) / 1e3, int((end - origin) * 1e9) / 1e3)
         arrows = 0
-        for record in sorted(records, key=lambda r: (r["start"], r["aid"])):
-            tid = tids[lanes[record["aid"]][0]]
-            args = {
-                "role": record["role"],
-                "interface": record["interface"],
-                "replica": record["replica"],
-                "process": pid,
-                "call_id": self.call_id,
-                "session": self.session,
-                "graph": self.graph,
-                "aid": record["aid"],
-                "inputs": record["inputs"],
-                "frames": record["frames"],
-                "outcome": record["outcome"],
-                "input_bytes": record["input_bytes"],
-            }
-            name = f"{record['role']}.{record['interface']}"
-            events.append(self._complete(name, "activation", record["start"], record["end"], tid, args))
-            for frame in record["inputs"]:
-                producer = int(frame.split(":")[0])
-                if producer not in where:
+        for aid, role, interface, replica, _, _, sources, frames, reason, input_bytes in records:
+            tid, start, end = where[aid]
+            inputs = [f"{producer}:{index}" for producer, index in sources]
+            args = _ActivationArgs(
+                role, interface, replica, pid, call_id, session, graph, aid, inputs, frames,
+                "ok" if reason is None else outcome(reason), input_bytes,
+            )  # fmt: skip
+            duration = int((end - start) * 1e3 + 0.5) / 1e3 or 0.001  # (zero would hide it)
+            events.append(_Complete(_label(role, interface), "activation", start, duration, pid, tid, args))
+            for (producer, _), frame in zip(sources, inputs, strict=True):
+                seen = where.get(producer)
+                if seen is None:
                     continue  # (a producer this trace did not see: none in one call)
-                producer_tid, producer_start, producer_end = where[producer]
+                producer_tid, producer_start, producer_end = seen
                 arrows += 1
                 # the arrow leaves the producer while both run (a stream), else as it ends
-                leaves = min(max(record["start"], producer_start), producer_end)
-                common = {"name": "frame", "cat": "frame", "id": arrows, "pid": pid, "bp": "e", "args": {"frame": frame}}
-                events.append({**common, "ph": "s", "ts": self._us(leaves), "tid": producer_tid})
-                events.append({**common, "ph": "f", "ts": self._us(record["start"]), "tid": tid})
-        other = {**call_args, "process": pid, "activations": len(self.activations), "flowrt_trace": 1}
-        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+                leaves = producer_start if start < producer_start else producer_end if start > producer_end else start
+                arrow_args = {"frame": frame}
+                events.append(_Arrow("s", arrows, leaves, pid, producer_tid, arrow_args))
+                events.append(_Arrow("f", arrows, start, pid, tid, arrow_args))
+        other = {**call_args, "process": pid, "activations": len(records), "flowrt_trace": 1}
+        return _ENCODE({"traceEvents": events, "displayTimeUnit": "ms", "otherData": other})
 
-    def _us(self, seconds: float) -> float:
-        """A time as the trace's `ts`: microseconds since the call started, to the nanosecond."""
-        return round((seconds - self.started) * 1e6, 3)
 
-    def _complete(self, name: str, category: str, start: float, end: float, tid: int, args: dict) -> dict:
-        duration = max(round(self._us(end) - self._us(start), 3), 0.001)  # ts + dur is the end's ts; (zero would hide it)
-        return {
-            "name": name,
-            "cat": category,
-            "ph": "X",
-            "ts": self._us(start),
-            "dur": duration,
-            "pid": self.pid,
-            "tid": tid,
-            "args": args,
-        }
+class _ActivationArgs(msgspec.Struct):
+    """An activation's `args` (docs/observe.md lists them)."""
+
+    role: str
+    interface: str
+    replica: int
+    process: int
+    call_id: Any
+    session: Any
+    graph: str
+    aid: int
+    inputs: list[str]
+    frames: int
+    outcome: str
+    input_bytes: int
+
+
+class _Complete(msgspec.Struct):
+    """A complete event (ph "X")."""
+
+    name: str
+    cat: str
+    ts: float
+    dur: float
+    pid: int
+    tid: int
+    args: Any
+    ph: str = "X"
+
+
+class _Arrow(msgspec.Struct):
+    """One end of a flow arrow: "s" on the producer's lane, "f" on the consumer's (bound to
+    the enclosing slice, `bp` "e")."""
+
+    ph: str
+    id: int
+    ts: float
+    pid: int
+    tid: int
+    args: dict
+    name: str = "frame"
+    cat: str = "frame"
+    bp: str = "e"
+
+
+_ENCODE = msgspec.json.Encoder().encode
+
+
+def _us(seconds: float, origin: float) -> float:
+    """A time as the trace's `ts`: microseconds since the call started, to the nanosecond."""
+    return int((seconds - origin) * 1e9) / 1e3
+
+
+def _complete(name: str, category: str, start: float, end: float, pid: int, tid: int, args: Any) -> _Complete:
+    """A complete event; its duration at least 1 ns (zero would hide it)."""
+    return _Complete(name, category, start, max(int((end - start) * 1e3 + 0.5) / 1e3, 0.001), pid, tid, args)
+
+
+_START_THEN_AID = operator.itemgetter(4, 0)  # a record's start, then its aid
 
 
 def _replica_name(role: str, replica: int) -> str:
-    return f"{role}#{'all' if replica == -2 else '?' if replica < 0 else replica}"
+    name = _REPLICA_NAMES.get((role, replica))
+    if name is None:
+        name = f"{role}#{'all' if replica == -2 else '?' if replica < 0 else replica}"
+        _remember(_REPLICA_NAMES, (role, replica), name)
+    return name
 
 
-def _lanes(activations: list[dict]) -> dict[int, tuple[str, int]]:
-    """Each activation's lane (by aid): its replica's, or a further lane of that replica where
-    it overlaps one already there (interval partitioning: the first lane free at its start)."""
-    placed: dict[int, tuple[str, int]] = {}
+def _label(role: str, interface: str) -> str:
+    label = _LABELS.get((role, interface))
+    if label is None:
+        label = _remember(_LABELS, (role, interface), f"{role}.{interface}")
+    return label
+
+
+def _layout(process: str, pid: int, lanes: frozenset[str]) -> tuple[dict[str, int], tuple[dict, ...]]:
+    """The lanes' thread ids (the caller's first, then by `_lane_order`) and the metadata
+    events naming the process and its lanes. The same lanes recur call after call, so both are
+    made once and shared by every trace that has them (traces are read, never changed)."""
+    key = (process, pid, lanes)
+    layout = _LAYOUTS.get(key)
+    if layout is not None:
+        return layout
+    tids = {CALLER_LANE: 1}
+    for index, name in enumerate(sorted(lanes, key=_lane_order)):
+        tids[name] = index + 2
+    metadata = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"{process} (pid {pid})"}}]
+    for name, tid in tids.items():
+        metadata.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+        metadata.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    return _remember(_LAYOUTS, key, (tids, tuple(metadata)))
+
+
+# names and layouts made once, by what they are made of; bounded, as a call's roles and replicas
+# are (a cache that fills up starts over)
+_REPLICA_NAMES: dict[tuple[str, int], str] = {}
+_LABELS: dict[tuple[str, str], str] = {}
+_LAYOUTS: dict[tuple, tuple[dict[str, int], tuple[dict, ...]]] = {}
+_CACHE_SIZE = 4096
+
+
+def _remember(cache: dict, key: Any, value: Any) -> Any:
+    if len(cache) >= _CACHE_SIZE:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _lanes(records: list[tuple]) -> dict[int, str]:
+    """Each activation's lane (by aid), `records` sorted by start: its replica's, or a further
+    lane of that replica where it overlaps one already there (interval partitioning: the first
+    lane free at its start)."""
+    placed: dict[int, str] = {}
     free_at: dict[str, list[float]] = {}  # replica -> when each of its lanes is free again
-    for record in sorted(activations, key=lambda r: (r["start"], r["aid"])):
-        replica = _replica_name(record["role"], record["replica"])
-        ends = free_at.setdefault(replica, [])
-        index = next((i for i, end in enumerate(ends) if end <= record["start"]), len(ends))
-        if index == len(ends):
-            ends.append(0.0)
-        ends[index] = record["end"]
-        placed[record["aid"]] = (replica if index == 0 else f"{replica} ({index + 1})", index)
+    for record in records:
+        name = _replica_name(record[1], record[3])
+        start, end = record[4], record[5]
+        ends = free_at.get(name)
+        if ends is None:
+            free_at[name] = [end]
+            placed[record[0]] = name
+            continue
+        for index, free in enumerate(ends):
+            if free <= start:
+                ends[index] = end
+                break
+        else:
+            index = len(ends)
+            ends.append(end)
+        placed[record[0]] = name if index == 0 else f"{name} ({index + 1})"
     return placed
 
 

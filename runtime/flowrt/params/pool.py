@@ -125,6 +125,7 @@ class KVPool(Publishing, Demotion):
         self._promotions = itertools.count()
         self.store = store if store is not None else EmbeddedStore(deployment)
         self.counters = PoolCounters()
+        self.prefix_tokens: dict[str, dict[str, int]] = {}  # role -> hit/computed/recomputed tokens (KVSession.count_prefix)
         self.last_meta_error: str | None = None
         self.device = DeviceTier(layout, device_pages, device)
         self.l1 = SlotEngine(device_pages, name=f"{layout.name}/device", on_evict=self._demote_from_l1)
@@ -456,6 +457,7 @@ class KVPool(Publishing, Demotion):
             "last_meta_error": self.last_meta_error,
             **self.peers.statistics(),
             **vars(self.counters),
+            "prefix_tokens": {role: dict(tokens) for role, tokens in sorted(self.prefix_tokens.items())},
         }
 
     def close(self) -> None:

@@ -14,6 +14,10 @@
         slots = kv.allocate(keys[hit.pages:])   # L1 slots for the rest; write K/V there
         ...                                     # kv.stack("0", "k")[slots] = ...
         kv.commit(keys[hit.pages:], start=hit.pages)
+
+An engine that reuses a prefix says what it reused and computed with `kv.count_prefix(hit=,
+computed=, recomputed=)`: the pool keeps the sums per role (its `statistics()`'s
+`prefix_tokens`), which /metrics exports as `flowrt_prefix_tokens_total` (docs/observe.md).
 """
 
 from __future__ import annotations
@@ -60,11 +64,12 @@ def tier_pages(layout: KVLayout, settings: Mapping[str, Any]) -> dict[str, int]:
 class KVSession:
     """One activation's handle on one pool for one session (see the module docstring)."""
 
-    def __init__(self, pool: KVPool, session: str, owner: str, hasher: Hasher | None = None):
+    def __init__(self, pool: KVPool, session: str, owner: str, hasher: Hasher | None = None, role: str = ""):
         self.pool = pool
         self.session = session
         self.owner = owner
         self.hasher = hasher
+        self.role = role  # the role whose activation holds it (what `count_prefix` counts for)
         self._run_locked = False
         self._entered = False
 
@@ -117,6 +122,23 @@ class KVSession:
             f"the device tier of global `{self.pool.layout.name}` is full: every slot holds a page some request is "
             f"using ({error}). Give the global more `capacity`, or let fewer requests run at once"
         )
+
+    def count_prefix(self, hit: int = 0, computed: int = 0, recomputed: int = 0) -> None:
+        """Count tokens of a request's prefix for this handle's role: `hit` (their K/V came from
+        the pool), `computed` (prefilled here) and, of those, `recomputed` (history the pool had
+        lost, rebuilt). Whole numbers >= 0."""
+        counts = (hit, computed, recomputed)
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in counts):
+            raise KVError(
+                f"kv.count_prefix() takes whole numbers of tokens >= 0, not hit={hit!r}, computed={computed!r}, "
+                f"recomputed={recomputed!r}"
+            )
+        tokens = self.pool.prefix_tokens.get(self.role)
+        if tokens is None:
+            tokens = self.pool.prefix_tokens[self.role] = {"hit": 0, "computed": 0, "recomputed": 0}
+        tokens["hit"] += hit
+        tokens["computed"] += computed
+        tokens["recomputed"] += recomputed
 
     def fresh(self, key: str) -> bool:
         """Whether `key` was allocated new for this handle (False: another request made it)."""
@@ -228,8 +250,8 @@ class KVPools:
             node=node,
         )
 
-    def session(self, name: str, session: str, owner: str) -> KVSession:
-        return KVSession(self.pool(name), session, owner, self.hasher)
+    def session(self, name: str, session: str, owner: str, role: str = "") -> KVSession:
+        return KVSession(self.pool(name), session, owner, self.hasher, role)
 
     def statistics(self) -> dict:
         return {name: pool.statistics() for name, pool in sorted(self.pools.items())}

@@ -59,6 +59,7 @@ class Directory:
         self.records: dict[tuple[str, int], Record] = {}
         self.gone: set[str] = set()  # incarnations dropped: their late heartbeats are ignored
         self.lapses = 0
+        self.lapsed: dict[tuple[str, int], int] = {}  # lapses per (role, replica)
 
     def seen(self, message: Register | Heartbeat) -> None:
         key = (message.role, message.replica)
@@ -94,6 +95,8 @@ class Directory:
         limit = self.clock() - self.ttl
         for record in [r for r in self.records.values() if r.seen < limit]:
             self.lapses += 1
+            key = (record.role, record.replica)
+            self.lapsed[key] = self.lapsed.get(key, 0) + 1
             self._down(record, f"its heartbeat lapsed (nothing heard for {self.ttl:g}s)")
 
     def refresh(self) -> None:

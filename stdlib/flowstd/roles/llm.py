@@ -6,9 +6,11 @@
 The model is flowrt's `ReferenceEngine` (docs/engines.md): a tiny Llama-shaped transformer whose
 weights come from a seed, so every process builds the same model and nothing is downloaded. Its
 vocabulary is the flowstd tokenizer's; its layers, K/V heads, head size and K/V dtype are read
-from the `global kv: KVCache` lib/llm.flow declares (the cache must hold exactly the model's K/V,
-so the global sizes the model; a copy of llm.flow beside a pipeline may change it; a setting the
-model cannot take is refused naming it).
+from the `global kv: KVCache` lib/llm.flow imports from lib/kvcache.flow (the cache must hold
+exactly the model's K/V, so the global sizes the model; copies of llm.flow and kvcache.flow beside
+a pipeline may change it; a setting the model cannot take is refused in `setup`, naming it).
+`check_kv_fits` is the same check for roles whose model has a fixed shape (flowstd's multimodal
+and voice LLMs): it names the global's shape, the model's and the settings to change.
 
 Each process builds one engine and one `ContinuousBatcher` per pool, shared by the role's
 replicas there, so concurrent sessions share forward steps. Each call runs `PagedGenerator` on
@@ -35,6 +37,7 @@ from typing import Any
 from flowrt.compute.engine import (
     ContinuousBatcher,
     EngineError,
+    EngineSpec,
     PagedGenerator,
     ReferenceConfig,
     ReferenceEngine,
@@ -45,7 +48,7 @@ from flowrt.errors import FlowrtError
 from flowrt.params.layout import KVLayout
 from flowstd.tokenizer import Tokenizer
 
-KV = "kv"  # the KVCache global lib/llm.flow declares and its role uses
+KV = "kv"  # the KVCache global lib/kvcache.flow declares and the llm role uses
 DEFAULT_MAX_TOKENS = 32  # generated tokens when the request sets no max_completion_tokens / max_tokens
 MODEL_SEED = 0  # the reference weights' seed: every process builds the same model
 QUERY_HEADS_PER_KV_HEAD = 2  # grouped-query attention, as in the engine's default shape
@@ -92,7 +95,11 @@ def model_config(layout: KVLayout, vocab_size: int) -> ReferenceConfig:
     if layout.dtype not in KV_DTYPES:
         wrong.append(f"`dtype` to one of {', '.join(KV_DTYPES)} (it has {layout.dtype})")
     if wrong:
-        raise LlmError(f"global `{layout.name}` cannot hold the llm role's K/V: set " + "; ".join(wrong))
+        raise LlmError(
+            f"global `{layout.name}` cannot hold the llm role's K/V: it declares {layout_text(layout)}; the model takes "
+            f"its layers, heads and head_dim from the global, and needs `slices [k, v]`, an even `head_dim` and a "
+            f"`dtype` of {', '.join(KV_DTYPES)}: set " + "; ".join(wrong)
+        )
     query_heads = QUERY_HEADS_PER_KV_HEAD * layout.heads
     hidden = query_heads * layout.head_dim
     return ReferenceConfig(
@@ -108,6 +115,48 @@ def model_config(layout: KVLayout, vocab_size: int) -> ReferenceConfig:
     )
 
 
+def layout_text(layout: KVLayout) -> str:
+    """A KV layout's shape as a global's settings say it: `layers 2, heads 2, head_dim 16, ...`."""
+    return (
+        f"layers {len(layout.sub_names)}, slices {_setting_text(tuple(layout.slice_names))}, heads {layout.heads}, "
+        f"head_dim {layout.head_dim}, page_tokens {layout.page_tokens}, dtype {layout.dtype}"
+    )
+
+
+def check_kv_fits(ctx, spec: EngineSpec, *, page_tokens: int, model: str, name: str = KV) -> KVLayout | None:
+    """In a role's `setup`: refuse a `global NAME: KVCache` whose pages cannot hold the K/V of the
+    fixed-shape model `spec` (flowstd's multimodal and voice LLMs), naming the global's shape, the
+    model's and the settings to change, so the deployment does not start rather than failing at
+    the first call. Returns the layout (None where the process has no pools)."""
+    layout = kv_layout(ctx, name)
+    if layout is None:
+        return None
+    wanted = spec.kv_layout(name, page_tokens)
+    fixes = [
+        f"`{setting} {_setting_text(need)}`"
+        for setting, have, need in (
+            ("layers", len(layout.sub_names), len(wanted.sub_names)),
+            ("slices", tuple(layout.slice_names), tuple(wanted.slice_names)),
+            ("heads", layout.heads, wanted.heads),
+            ("head_dim", layout.head_dim, wanted.head_dim),
+            ("page_tokens", layout.page_tokens, wanted.page_tokens),
+            ("dtype", layout.dtype, wanted.dtype),
+        )
+        if have != need
+    ]
+    if fixes:
+        raise LlmError(
+            f"global `{name}` does not fit {model}: the global's pages are {layout_text(layout)}; the model's K/V "
+            f"need {layout_text(wanted)}. Set {', '.join(fixes)} in `global {name}` (flowstd's lib/kvcache.flow "
+            f"declares this shape)"
+        )
+    return layout
+
+
+def _setting_text(value: Any) -> str:
+    return f"[{', '.join(value)}]" if isinstance(value, tuple) else str(value)
+
+
 def kv_layout(ctx, name: str = KV) -> KVLayout | None:
     """The layout of the KVCache global `name` this process's deployment declares (None where the
     process has no pools: `ctx.kv` then says why at the first call)."""
@@ -118,7 +167,8 @@ def kv_layout(ctx, name: str = KV) -> KVLayout | None:
     if spec is None:
         raise LlmError(
             f"role `{ctx.role}` generates on the KV pool of `global {name}: KVCache`, and the flow declares none: add "
-            f"`global {name}: KVCache {{ layers 2  heads 2  head_dim 16  dtype float32 }}` to the pipeline"
+            f"`import kvcache` (flowstd's `global kv`) or `global {name}: KVCache {{ layers 2  heads 2  head_dim 16  "
+            f"dtype float32 }}` to the pipeline"
         )
     return KVLayout.from_global(name, spec)
 

@@ -5,7 +5,7 @@
     Vit.encode          image_seg -> vit_emb: the image's VisionEncoder rows, its content hash,
                         and whether this replica's encoder cache held them
     Vae.encode/decode   image_seg -> vae_lat (a latent); latent -> image
-    Llm.generate        txt_emb | vit_emb & vae_lat -> stream token, usage, hidden
+    Llm.generate        txt_emb | vit_emb & vae_lat -> stream token, usage, hidden (the role `mm_llm`)
     Dit.denoise         hidden, vit_emb (all), vae_lat (all) -> latent
 
 The LLM is flowrt's reference engine (vocabulary of flowstd's tokenizer, hidden 64), driven by a
@@ -20,8 +20,10 @@ from the pool by slot: in the LLM's process the pages are there; in another proc
 The media models, the tokenizer and the encoder cache are built once per process
 (`MultimodalRuntime.shared()`, in the roles' `setup`); the LLM engine, its ContinuousBatcher, the
 matcher and the DiT once per process and KV pool (`PoolEngines`, on a role's first `ctx.kv`),
-so the llm and dit roles of one process share them. The global's settings must be the engine's
-(`llm_global_settings()`), else the first call fails naming the setting to change.
+so the mm_llm and dit roles of one process share them. The global's settings must be the
+engine's (`llm_global_settings()`, lib/kvcache.flow's shape): the two roles check it in `setup`,
+so a global of another shape stops the deployment from starting, naming both shapes and the
+settings to change.
 Weights come from seeds: every process builds the same models, and outputs are deterministic.
 """
 
@@ -40,8 +42,9 @@ from flowrt.compute.engine.dit import DitConfig, DitEngine, DitSampler
 from flowrt.compute.engine.planned import PlannedGenerator, place_context
 from flowrt.compute.prefix import Media, PrefixMatcher, Text
 from flowrt.errors import FlowrtError
+from flowstd.roles.llm import check_kv_fits
 
-GLOBAL = "kv"  # the KVCache global lib/multimodal.flow declares
+GLOBAL = "kv"  # the KVCache global lib/multimodal.flow imports (lib/kvcache.flow)
 PAGE_TOKENS = 16
 IMAGE_SIZE = 32  # images are resized and cropped to this square (16 ViT rows, a 4x4 latent)
 NEW_TOKENS = 4  # tokens the LLM generates per activation
@@ -241,9 +244,16 @@ class GeneratedImage:
         }
 
 
+def check_global(ctx) -> None:
+    """In setup: refuse a `global kv` the LLM's (and so the DiT's) K/V do not fit."""
+    check_kv_fits(
+        ctx, MultimodalRuntime.shared().spec, page_tokens=PAGE_TOKENS, model="the multimodal LLM (flowstd.roles.multimodal)"
+    )
+
+
 class Llm:
     async def setup(self, ctx) -> None:
-        MultimodalRuntime.shared()
+        check_global(ctx)
 
     async def generate(self, ctx, txt_emb=None, vit_emb=None, vae_lat=None):
         runtime = MultimodalRuntime.shared()
@@ -295,7 +305,7 @@ class Llm:
 
 class Dit:
     async def setup(self, ctx) -> None:
-        MultimodalRuntime.shared()
+        check_global(ctx)
 
     async def denoise(self, ctx, hidden, vit_emb=(), vae_lat=()):
         """A latent attending to the context of the first `hidden` (the LLM's first activation);

@@ -5,7 +5,8 @@ The expected outputs of a sequence come from the engine's dense forward when it 
 reference engine's `model.dense_forward`); for another engine, from the same engine run the plain
 way (a fresh engine and stacks, pages of 16 tokens, consecutive slots, one step), so the suite then
 checks that paging, slot order, batching and reuse change nothing. Tolerances follow the KV dtype;
-an engine may set `conformance_tolerance = (rtol, atol)` to say its own.
+an engine may set `conformance_tolerance = (rtol, atol)` to say its own, and `--engine-tolerance`
+overrides both.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from flowrt.compute.engine import (
 )
 from flowrt.compute.engine.adapter import FEATURE_HIDDEN
 from flowrt.params.tiers import DeviceTier
+from tests.compute.engine.engines import tolerance_override
 
 KV_TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (5e-3, 5e-3), "bfloat16": (2e-2, 2e-2)}  # (rtol, atol)
 
@@ -69,6 +71,10 @@ def capture(spec: Any) -> frozenset[str]:
 
 
 def tolerance(engine: EngineAdapter) -> tuple[float, float]:
+    """--engine-tolerance / FLOWRT_TEST_TOLERANCE, else the engine's own, else by KV dtype."""
+    override = tolerance_override()
+    if override is not None:
+        return override
     own = getattr(engine, "conformance_tolerance", None)
     if own is not None:
         return own

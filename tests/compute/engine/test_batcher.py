@@ -149,7 +149,7 @@ def test_a_step_whose_caller_was_cancelled_never_runs(engine_case):
     assert result.logits is not None
     changed = torch.zeros(harness.slot_count, dtype=torch.bool)
     for old, stack in zip(before, harness.tier.stacks, strict=True):
-        changed |= ~same_bits(old, stack).view(harness.slot_count, -1).all(dim=1)
+        changed |= ~same_bits(old, stack).view(harness.slot_count, -1).all(dim=1).cpu()
     assert torch.nonzero(changed).flatten().tolist() == [10]
     assert batcher.stats.dropped_steps == 1 and batcher.stats.forwards == 1
 
@@ -206,3 +206,20 @@ def test_sampling_follows_the_distribution_within_the_cuts():
 def test_bad_sampling_settings_are_refused(settings, match):
     with pytest.raises(EngineError, match=match):
         SamplingParams(**settings)
+
+
+@pytest.mark.parametrize("split", [0, 1, 5, 17])
+def test_a_stream_resumed_elsewhere_after_skipping_its_draws_samples_the_same_tokens(split):
+    generator = torch.Generator().manual_seed(3)
+    steps = [torch.randn(64, generator=generator) for _ in range(17)]
+    params = SamplingParams(temperature=0.8, top_p=0.9)  # no seed: the sampler draws one and says which
+    whole = TokenSampler(params)
+    tokens = [whole(logits) for logits in steps]
+    assert whole.draws == len(steps) and whole.seed is not None
+    first = TokenSampler(SamplingParams(temperature=0.8, top_p=0.9, seed=whole.seed))
+    head = [first(logits) for logits in steps[:split]]
+    rest = TokenSampler(SamplingParams(temperature=0.8, top_p=0.9, seed=whole.seed)).skip(first.draws)
+    assert head + [rest(logits) for logits in steps[split:]] == tokens
+    assert TokenSampler().skip(3).draws == 0  # greedy has no stream
+    with pytest.raises(EngineError, match="draws to skip"):
+        TokenSampler(params).skip(-1)

@@ -62,7 +62,10 @@ async def generate(generator, pool, session, tokens, owner, **options):
 def without_cache(engine_case, tokens: list[int], count: int = NEW, sampling: SamplingParams | None = None) -> list[int]:
     """The tokens a fresh engine gives after `tokens`, on a fresh pool, with nothing to reuse."""
     engine = engine_case.make()
-    pool = KVPool(engine.describe().kv_layout("kv", SIZE), device_pages=64, store=EmbeddedStore("x"), deployment="x", node="x")
+    spec = engine.describe()
+    pool = KVPool(
+        spec.kv_layout("kv", SIZE), device_pages=64, store=EmbeddedStore("x"), deployment="x", node="x", device=spec.device
+    )
     try:
         result = asyncio.run(
             generate(

@@ -141,7 +141,7 @@ class Globals(Check):
                 kinds = ", ".join(f"`{k}`" for k in schema.GLOBAL_KINDS)
                 hint = schema.did_you_mean(decl.kind.text, schema.GLOBAL_KINDS) or f"the kinds of global are {kinds}"
                 yield Diagnostic("E115", f"unknown kind of global `{decl.kind.text}`", decl.kind.span, hint)
-            if decl.name.text not in used:
+            if decl.name.text not in used and not program.is_library:  # a library's importers' roles may use it
                 yield Diagnostic(
                     "W181",
                     f"global `{decl.name.text}` is not used by any role",

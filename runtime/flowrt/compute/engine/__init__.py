@@ -12,12 +12,18 @@ It owns:
   PyTorch with paged attention over the bound stacks, and its dense forward (the specification);
 - `sampling`: greedy and seeded temperature / top-k / top-p sampling, per request;
 - `batcher`: continuous batching of concurrent requests' steps on one event loop;
-- `driver`: paged generation on a `KVSession` (prefix reuse, prefill, decode, commit).
+- `driver`: paged generation on a `KVSession` (prefix reuse, prefill, decode, commit);
+- `selftest`: the start-up self-test any engine can run against the contract (canaries, split
+  prefill, decode, embeddings, batching);
+- `sglang_plan`: the SGLang adapter's pure half (the pin and version check, flowrt steps ->
+  SGLang's req_to_token rows / out_cache_loc / extend lengths, the KV layout views, settings);
+- `sglang_engine`: the SGLang adapter itself, the one module that imports SGLang; it is not
+  imported here (only by whoever uses it: `pip install 'flowc[sglang]'`, CUDA only).
 
 It imports flowrt.params (layouts, the pool, sessions), flowrt.compute.hashing and flowrt's base
 modules; never control, transport, registry, gateway or deploy. torch is imported when an engine
 is built or run, not when this package is imported. An engine for another framework (SGLang)
-lives in a module of its own that alone imports that framework.
+lives in a module of its own that alone imports that framework, and this package never imports it.
 """
 
 from flowrt.compute.engine.adapter import (

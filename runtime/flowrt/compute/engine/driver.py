@@ -165,6 +165,7 @@ class PagedGenerator(EngineDriver):
             )
 
         place = await self._place(kv, history, keys, logits_needed=max_new_tokens > 0)
+        kv.count_prefix(hit=place.reused_pages * size, computed=len(history) - place.reused_pages * size)  # (for /metrics)
         first, steps = await self._prefill(history, place, sampler if max_new_tokens else None)
         hit_pages = place.hit_pages
         published = kv.commit(keys[hit_pages:], start=hit_pages) if len(keys) > hit_pages else True

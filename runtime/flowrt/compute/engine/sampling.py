@@ -51,16 +51,32 @@ GREEDY = SamplingParams()
 
 
 class TokenSampler:
-    """One request's sampler: its params and its own random stream."""
+    """One request's sampler: its params and its own random stream.
+
+    Every sampled token takes exactly one uniform draw from the stream, so a request can go on
+    in another process: pass on `seed` (the one drawn when the params had none) and `draws`,
+    and there `TokenSampler(SamplingParams(..., seed=seed)).skip(draws)` samples the next token
+    as this one would (examples/pd_split: prefill samples the first token, decode the rest)."""
 
     def __init__(self, params: SamplingParams = GREEDY):
         if not isinstance(params, SamplingParams):
             raise EngineError(f"a sampler takes SamplingParams, not {type(params).__name__}")
         self.params = params
         self.generator = None
+        self.seed: int | None = None  # the stream's seed (None: greedy, no stream)
+        self.draws = 0  # tokens sampled from the stream so far
         if not params.greedy:
-            seed = params.seed if params.seed is not None else secrets.randbits(63)
-            self.generator = _torch().Generator().manual_seed(seed)
+            self.seed = params.seed if params.seed is not None else secrets.randbits(63)
+            self.generator = _torch().Generator().manual_seed(self.seed)
+
+    def skip(self, draws: int) -> TokenSampler:
+        """Advance the stream past `draws` tokens sampled elsewhere (nothing for greedy)."""
+        if not isinstance(draws, int) or isinstance(draws, bool) or draws < 0:
+            raise EngineError(f"draws to skip must be a whole number >= 0, not {draws!r}")
+        if self.generator is not None and draws:
+            _torch().rand((draws,), generator=self.generator, dtype=_torch().float64)
+            self.draws += draws
+        return self
 
     def __call__(self, logits: Any) -> int:
         torch = _torch()
@@ -80,5 +96,6 @@ class TokenSampler:
             probabilities = probabilities[before < self.params.top_p]  # the first always stays
         cumulative = torch.cumsum(probabilities, dim=0)
         draw = torch.rand((), generator=self.generator, dtype=torch.float64) * float(cumulative[-1])
+        self.draws += 1
         chosen = min(int(torch.searchsorted(cumulative.double(), draw, right=True)), len(cumulative) - 1)
         return int(order[chosen])
