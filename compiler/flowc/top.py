@@ -17,6 +17,7 @@ successive scrapes. A figure the server does not export is shown as "–".
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import time
@@ -54,7 +55,14 @@ def base_url(text: str) -> str:
         parts.port  # noqa: B018 - raises ValueError for a port out of range
     except ValueError:
         raise TopError(f"{text!r} has no valid port; give the URL `flowc run` printed, e.g. http://127.0.0.1:8000") from None
-    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+    path = parts.path.rstrip("/")
+    if path.rsplit("/", 1)[-1] in ("health", "metrics", "stats", "graphs"):
+        path = path.rsplit("/", 1)[0]  # one of the server's own pages: top reads them all from the root
+    if path or parts.query:
+        raise TopError(f"{text!r} has a path; give the server's root URL, as `flowc run` printed it, e.g. http://127.0.0.1:8000")
+    if parts.username or parts.password:
+        raise TopError("give the server's URL without a user or password: flowrt serves none")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def fetch(base: str, path: str) -> bytes:
@@ -66,6 +74,11 @@ def fetch(base: str, path: str) -> bytes:
         raise TopError(
             f"{base} answered GET {path} with {error.code} {error.reason}: it is not a flowrt server; "
             "give the URL `flowc run DIR --http HOST:PORT` printed (serving NAME on http://...)"
+        ) from None
+    except http.client.HTTPException as error:  # an answer that is not HTTP, or cut short
+        raise TopError(
+            f"{base} did not answer GET {path} in HTTP ({type(error).__name__}): it is not a flowrt server, or it "
+            "stopped mid-answer; give the URL `flowc run DIR --http HOST:PORT` printed (serving NAME on http://...)"
         ) from None
     except (urllib.error.URLError, OSError) as error:
         why = getattr(error, "reason", error)
@@ -343,7 +356,11 @@ def render(frame: Frame) -> Any:
     def table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]], empty: str) -> Any:
         grid = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         for index, name in enumerate(columns):
-            grid.add_column(name, justify="left" if index == 0 or name == "session" else "right", no_wrap=True)
+            if index == 0:  # names may fold onto a second line in a narrow terminal; figures never
+                grid.add_column(name, justify="left", overflow="fold")
+                continue
+            widest = max([len(name), *(len(row[index]) for row in rows)])
+            grid.add_column(name, justify="left" if name == "session" else "right", no_wrap=True, min_width=widest)
         for row in rows:
             grid.add_row(*row)
         if not rows:
@@ -395,7 +412,32 @@ def top(url: str, interval: str, once: bool) -> None:
         console = Console(width=160, force_terminal=False, color_system=None, highlight=False)
         console.print(render(build_frame(health, scrape(base), url=base)))
         return
-    _live(base, health, every, Console())
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: plain frames one after another, as `top -b` writes
+        _batch(base, health, every, Console(width=160, force_terminal=False, color_system=None, highlight=False))
+        return
+    _live(base, health, every, console)
+
+
+def _batch(base: str, health: dict, every: float, console: Any) -> None:
+    """Print a plain frame every `every` seconds until Ctrl-C or a signal, each flushed as it is
+    printed, so a reader (or a file cut short) has every frame so far."""
+    before: Scrape | None = None
+    try:
+        while True:
+            try:
+                now = scrape(base)
+            except TopError as error:
+                console.print(f"flowc top · {base}: {error.message}")
+                before = None
+            else:
+                console.print(render(build_frame(health, now, before, base)))
+                before = now
+            console.print()
+            console.file.flush()
+            time.sleep(every)
+    except KeyboardInterrupt:
+        return
 
 
 def _live(base: str, health: dict, every: float, console: Any) -> None:

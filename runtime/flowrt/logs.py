@@ -138,6 +138,9 @@ def _not_quiet_events(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING or not hasattr(record, FIELDS)
 
 
+FOREIGN_LOGGERS = ("aiohttp", "opentelemetry", "urllib3")
+
+
 def show_log(debug: bool = False, log_format: str = "text", defaults: dict[str, Any] | None = None) -> logging.Handler:
     """Send the `flowrt` logger's records to stderr as text (tracebacks only with `debug`) or
     JSON lines (`log_format`; `defaults`: fields of every line, a replica's role and replica)."""
@@ -157,13 +160,16 @@ def show_log(debug: bool = False, log_format: str = "text", defaults: dict[str, 
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug else logging.INFO)
     logger.propagate = False
-    # aiohttp logs what it answers itself (a request it cannot parse) with a traceback: one line here too
-    server = logging.getLogger("aiohttp")
-    for old in [h for h in server.handlers if getattr(h, "_flowrt_stderr", False)]:
-        server.removeHandler(old)
-    server.addHandler(handler)
-    server.setLevel(logging.DEBUG if debug else logging.WARNING)
-    server.propagate = False
+    # libraries that log on their own go through the same handler (JSON lines stay JSON): aiohttp
+    # (a request it cannot parse, with a traceback: one line here too) and OpenTelemetry's OTLP
+    # exporter (a collector it cannot reach, over urllib3)
+    for name in FOREIGN_LOGGERS:
+        foreign = logging.getLogger(name)
+        for old in [h for h in foreign.handlers if getattr(h, "_flowrt_stderr", False)]:
+            foreign.removeHandler(old)
+        foreign.addHandler(handler)
+        foreign.setLevel(logging.DEBUG if debug else logging.WARNING)
+        foreign.propagate = False
     # Python's warnings (a stale compiled core, say): JSON lines too, where stderr holds only those
     logging.captureWarnings(log_format == "json")
     warnings_log = logging.getLogger("py.warnings")

@@ -47,7 +47,8 @@ def test_request_parameters_become_sampling_settings():
     for request, words in (
         ({"temperature": 3}, "temperature must be a number from 0 to 2"),
         ({"top_p": 0}, "top_p is 0"),
-        ({"seed": -1}, "seed must be a whole number >= 0"),
+        ({"seed": -1}, "seed must be a whole number from 0 to 2\\*\\*63 - 1"),
+        ({"seed": 2**64}, "seed must be a whole number from 0 to 2\\*\\*63 - 1"),
         ({"max_tokens": 0}, "max_completion_tokens / max_tokens must be a whole number >= 1"),
     ):
         with pytest.raises(LlmError, match=words):

@@ -187,3 +187,17 @@ def test_speech_starts_before_the_text_ends(runs):
         assert order.index("speech") < last_text, order
         # the first block (8 frames, final once 8 + 7 have arrived) is complete at the reply's 4th token of 16
         assert order.index("speech") < len(order) // 2, order
+
+
+def test_the_examples_replay_case_is_turn_two_from_scratch(runs):
+    """The README's promise: tests/chat.replay.input.json (turn 1's clip and reply, then turn 2's
+    clip and question, step 0, 8 tokens) answers with turn 2's first 8 tokens."""
+    import json
+
+    replay = json.loads((EXAMPLE / "tests" / "chat.replay.input.json").read_text())["voice_request"]
+    recorded = [json.loads(line) for line in (EXAMPLE / "tests" / "chat.replay.events.jsonl").read_text().splitlines()]
+    turn = next(event["value"] for event in recorded if event.get("field") == "turn")
+    second = runs["inproc"]["turns"][1]["turn"]
+    assert replay["step"] == 0 and turn["reused_tokens"] == 0
+    assert turn["prompt_tokens"] == second["prompt_tokens"]
+    assert turn["reply_tokens"] == second["reply_tokens"][: replay["max_tokens"]]

@@ -69,3 +69,28 @@ def test_metrics_count_the_calls_made_by_graph_status_and_role(bundle):
         assert samples[("flowrt_activation_duration_seconds_count", labels)] == ended
     # llm streams 3 tokens and a hidden state per segment: 2 + 2 + 1 segments reached it
     assert samples[("flowrt_frames_total", (("interface", "generate"), ("role", "llm")))] == 5 * 4
+
+
+def test_a_second_server_over_one_runtime_counts_each_call_once(bundle):
+    import asyncio
+
+    from flowrt.control import Runtime
+    from flowrt.gateway.http import IN_FLIGHT, METRICS, application
+    from flowrt.observe import Metrics
+    from flowrt.observe.calls import CallsInFlight
+
+    async def scenario():
+        runtime = await Runtime.open(bundle)
+        try:
+            first, second = application(runtime), application(runtime)
+            assert first[METRICS] is second[METRICS] and first[IN_FLIGHT] is second[IN_FLIGHT]
+            observers = getattr(runtime.observer, "observers", (runtime.observer,))
+            assert sum(isinstance(o, Metrics) for o in observers) == 1
+            assert sum(isinstance(o, CallsInFlight) for o in observers) == 1
+            async for _ in runtime.call("chat", {"request": REQUEST}):
+                pass
+            assert first[METRICS].graphs["chat"].started == 1
+        finally:
+            await runtime.close()
+
+    asyncio.run(scenario())

@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,9 +27,12 @@ from tests.runtime.test_serve import lines, serving  # noqa: E402
 
 
 class Receiver:
-    """An OTLP/HTTP traces endpoint: keeps every span it is sent, as plain dicts."""
+    """An OTLP/HTTP traces endpoint: keeps every span it is sent, as plain dicts (and answers
+    `status`: 500 plays a collector that is failing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 200) -> None:
+        self.status = status
+        self.posts = 0
         self.spans: list[dict] = []
         self.changed = threading.Condition()
         receiver = self
@@ -40,7 +44,7 @@ class Receiver:
                     body = gzip.decompress(body)
                 request = ExportTraceServiceRequest.FromString(body)
                 receiver.add(request, self.path)
-                self.send_response(200)
+                self.send_response(receiver.status)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -55,6 +59,7 @@ class Receiver:
 
     def add(self, request: ExportTraceServiceRequest, path: str) -> None:
         with self.changed:
+            self.posts += 1
             for resource in request.resource_spans:
                 service = {a.key: a.value.string_value for a in resource.resource.attributes}.get("service.name")
                 for scope in resource.scope_spans:
@@ -120,8 +125,8 @@ def test_every_call_reaches_the_collector_as_the_spans_its_trace_tells(bundle, r
     trace = traced[-1]["trace"]
     assert broken[-1]["status"] == "error"
     roots = {s["attributes"]["flowrt.call_id"]: s for s in spans if not s["parent"]}
-    assert set(roots) == {str(trace["otherData"]["call_id"]), str(trace["otherData"]["call_id"] + 1)}
-    good, bad = roots[str(trace["otherData"]["call_id"])], roots[str(trace["otherData"]["call_id"] + 1)]
+    assert set(roots) == {trace["otherData"]["call_id"], trace["otherData"]["call_id"] + 1}  # integers, as in traces
+    good, bad = roots[trace["otherData"]["call_id"]], roots[trace["otherData"]["call_id"] + 1]
     assert good["name"] == "call chat" and not good["error"] and good["attributes"]["flowrt.session"] == "alice"
     assert bad["error"] and bad["attributes"]["flowrt.status"] == "error"
     for root, runs in ((good, RUNS["request"]), (bad, RUNS["broken_image"])):
@@ -173,3 +178,63 @@ def test_the_sdk_switch_and_an_unset_endpoint_leave_export_off(monkeypatch):
     assert otlp.wanted()
     monkeypatch.setenv("OTEL_SDK_DISABLED", "TRUE")
     assert otlp.from_environment() is None
+
+
+def test_a_failing_collector_is_logged_as_json_lines_and_loses_no_call(bundle, monkeypatch, tmp_path):
+    failing = Receiver(status=500)
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", failing.endpoint)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
+        command = [sys.executable, "-m", "flowc", "run", str(bundle), "--http", "127.0.0.1:0", "--log-format", "json"]
+        with serving(bundle, command, cwd=tmp_path) as server:
+            for _ in range(2):
+                assert lines(server.post("/graphs/chat", json.dumps(REQUEST).encode()))[-1]["status"] == "ok"
+            with failing.changed:
+                assert failing.changed.wait_for(lambda: failing.posts >= 1, 30), "the exporter never sent"
+            os.kill(server.process.pid, signal.SIGTERM)
+            assert server.process.wait(timeout=30) == 0
+            logged = [json.loads(line) for line in server.process.stderr.read().splitlines()]  # every line JSON
+    finally:
+        failing.close()
+    refused = [line for line in logged if line["logger"].startswith("opentelemetry")]
+    assert refused and all("500" in line["msg"] or "export" in line["msg"].lower() for line in refused)
+
+
+def test_a_collector_that_never_answers_delays_a_stop_by_a_bounded_wait_and_is_named(bundle, monkeypatch, tmp_path):
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, reads nothing, answers nothing
+    held: list = []
+
+    def hold() -> None:
+        while True:
+            try:
+                held.append(silent.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=hold, daemon=True).start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # only the stop sends: into the silence
+        with serving(bundle, cwd=tmp_path) as server:
+            assert lines(server.post("/graphs/chat", json.dumps(REQUEST).encode()))[-1]["status"] == "ok"
+            os.kill(server.process.pid, signal.SIGTERM)
+            assert server.process.wait(timeout=30) == 0  # (the SDK alone would wait out its 10 s timeout, and again at exit)
+            stderr = server.process.stderr.read()
+    finally:
+        silent.close()
+        for connection in held:
+            connection.close()
+    assert "did not take the last spans" in stderr and "OTEL_EXPORTER_OTLP_ENDPOINT" in stderr
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:4318", "not a url", "ftp://127.0.0.1:1", "http://[::1"])
+def test_an_endpoint_that_is_not_an_http_url_is_refused_before_the_server_starts(bundle, tmp_path, endpoint):
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
+    result = subprocess.run(
+        [sys.executable, "-m", "flowc", "run", str(bundle), "--http", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "is not an http(s) URL" in result.stderr and "OTEL_EXPORTER_OTLP_ENDPOINT" in result.stderr
+    assert "Traceback" not in result.stderr and "serving" not in result.stdout

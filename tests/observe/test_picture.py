@@ -89,8 +89,11 @@ def test_a_done_event_or_a_whole_answer_draws_the_same(trace_file, tmp_path):
     ("content", "output", "words"),
     [
         (None, "call.svg", "cannot read"),
-        ("{not json", "call.svg", "is not a Chrome trace"),
+        ("{not json", "call.svg", "is not whole JSON"),
+        ('{"traceEvents": [{"ph": "X", "name": "cut"', "call.svg", "is not whole JSON"),
+        ("[1, 2]", "call.svg", "is not a Chrome trace"),
         ('{"traceEvents": []}', "call.svg", "no complete events"),
+        ('{"traceEvents": [{"ph": "X"}, {"ph": "X", "ts": "0", "dur": 1}]}', "call.svg", "no complete events"),
         (b"\xff\xfe", "call.svg", "not UTF-8"),
         ("TRACE", "call.png", "name the output call.svg or call.html"),
         ("TRACE", "missing/call.svg", "cannot write"),

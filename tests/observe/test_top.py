@@ -9,6 +9,7 @@ import http.server
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from flowc.top import DASH, Scrape, base_url, buckets, build_frame, parse_exposition, quantile, rate, render
+from flowc.top import DASH, Scrape, TopError, base_url, buckets, build_frame, parse_exposition, quantile, rate, render
 from tests.deploy.helpers import free_port
 from tests.observe import serving as served
 
@@ -127,6 +128,40 @@ def test_a_frame_renders_as_plain_tables():
     ]
 
 
+def test_a_narrow_terminal_folds_names_and_keeps_every_figure_whole():
+    from rich.console import Console
+
+    stats = {"calls": 1, "queued_calls": 0, "in_flight": []}
+    with open(os.devnull, "w") as nowhere:
+        console = Console(width=80, force_terminal=False, color_system=None, record=True, file=nowhere)
+        console.print(render(build_frame(HEALTH, Scrape(parse_exposition(EXPOSITION), stats, 0.0), None, "http://h:1")))
+    text = console.export_text()
+    assert "…" not in text  # rich's mark of a cut cell
+    assert "220.0ms" in text and "920.0ms" in text
+
+
+def test_live_top_into_a_pipe_writes_plain_frames_as_it_goes(tmp_path: Path):
+    bundle = served.bundle(tmp_path / "src")
+    with served.serving(bundle, tmp=tmp_path) as server:
+        assert server.call("g", {"n": 1})[-1]["status"] == "ok"
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "flowc", "top", server.url, "--interval", "0.2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            frames = 0
+            for line in watcher.stdout:  # each frame arrives as it is printed, not at exit
+                frames += line.startswith("flowc top")
+                if frames == 2:
+                    break
+        finally:
+            watcher.terminate()
+            watcher.wait(30)
+            watcher.stdout.close()
+            watcher.stderr.close()
+    assert frames == 2
+
+
 def flowc_top(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flowc", "top", *args], capture_output=True, text=True, timeout=60)
 
@@ -183,11 +218,24 @@ def test_addresses_that_are_not_a_flowrt_server_are_one_line_naming_the_fix(tmp_
 
     other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFlowrt)
     threading.Thread(target=other.serve_forever, daemon=True).start()
+    garbage = socket.create_server(("127.0.0.1", 0))  # answers every connection with an SSH banner
+
+    def banner() -> None:
+        while True:
+            try:
+                connection, _ = garbage.accept()
+            except OSError:
+                return
+            with connection:
+                connection.sendall(b"SSH-2.0-OpenSSH_8.9\r\n")
+
+    threading.Thread(target=banner, daemon=True).start()
     try:
         cases = [
             ((f"127.0.0.1:{free_port()}", "--once"), "cannot reach", "flowc run DIR --http HOST:PORT"),
             ((f"http://127.0.0.1:{other.server_port}", "--once"), "is not a flowrt server", "give the URL `flowc run"),
-            ((f"http://127.0.0.1:{other.server_port}/x", "--once"), "answered GET /health with 404", "give the URL"),
+            ((f"http://127.0.0.1:{other.server_port}/x", "--once"), "has a path", "give the server's root URL"),
+            ((f"127.0.0.1:{garbage.getsockname()[1]}", "--once"), "did not answer GET /health in HTTP", "give the URL"),
             (("ftp://example", "--once"), "is not a server's address", "http://127.0.0.1:8000"),
             (("127.0.0.1:8000", "--interval", "0"), "--interval", "from 0.05 to 3600"),
         ]
@@ -198,8 +246,15 @@ def test_addresses_that_are_not_a_flowrt_server_are_one_line_naming_the_fix(tmp_
             assert "Traceback" not in result.stderr and result.stdout == ""
     finally:
         other.shutdown()
+        garbage.close()
 
 
 def test_addresses_are_read_as_the_server_prints_them():
     assert base_url("127.0.0.1:8000") == base_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
     assert base_url("https://flow.example:443") == "https://flow.example:443"
+    # a page of the server's own is read as its root; any other path, or credentials, is refused
+    assert base_url("http://127.0.0.1:8000/health") == base_url("127.0.0.1:8000/metrics/") == "http://127.0.0.1:8000"
+    for text, words in (("http://h:1/api/v2", "has a path"), ("http://user:pw@h:1", "without a user")):
+        with pytest.raises(TopError, match=words) as raised:
+            base_url(text)
+        assert "pw" not in raised.value.message

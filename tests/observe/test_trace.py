@@ -68,3 +68,20 @@ def test_trace_1_adds_the_trace_to_the_done_event_of_a_served_call(bundle):
     assert traced == plain and "trace" not in plain[-1]
     check_trace(trace, RUNS["request"])
     assert trace["otherData"]["call_id"] == 2
+
+
+def test_input_bytes_count_tensors_and_bytes_in_lists_and_dataclass_fields():
+    from dataclasses import dataclass
+
+    import numpy
+
+    from flowrt.observe.trace import payload_bytes
+
+    @dataclass
+    class Clip:  # as flowstd's audio clips carry their samples
+        pcm: bytes
+        sample_rate: int
+
+    inputs = {"clip": Clip(b"\0" * 100, 16000), "parts": [numpy.zeros(10), b"ab"], "text": "hi", "json": {"n": 1}}
+    assert payload_bytes(inputs) == 100 + 80 + 2
+    assert payload_bytes({"flag": True, "none": None, "kind": Clip}) == 0

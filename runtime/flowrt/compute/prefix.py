@@ -102,6 +102,7 @@ class PrefillPlan:
     encoded: int = 0  # media inputs whose encoder ran for this plan
     encoder_hits: int = 0  # media inputs an encoder cache gave (forward skipped)
     history: History | None = field(default=None, repr=False)
+    previous: History | None = field(default=None, repr=False)  # the session's history before it (matcher.rollback)
 
     @property
     def hit_pages(self) -> int:
@@ -143,6 +144,7 @@ class MatcherCounters:
     hit_tokens: int = 0  # positions the KV pool served
     prefill_tokens: int = 0  # positions planned for prefill (recomputed or new)
     recomputed_tokens: int = 0  # of which history that missed the pool (rebuilt from emb)
+    rollbacks: int = 0  # plans whose turn failed: the history went back to before them
 
 
 class PrefixMatcher:
@@ -191,7 +193,7 @@ class PrefixMatcher:
         history = self._new_history(kv.layout.page_tokens)
         history.append(segments, hidden)
         kept = _common_prefix(old.placed if old is not None else [], history.placed)
-        plan = await self._plan(kv, "full", None, history, kept, encoded, hits)
+        plan = await self._plan(kv, "full", None, history, kept, encoded, hits, old)
         self.counters.full += 1
         return plan
 
@@ -219,12 +221,20 @@ class PrefixMatcher:
         history.truncate(cut)
         segments, hidden, encoded, hits = await self._resolve(inputs)
         history.append(segments, hidden)
-        plan = await self._plan(kv, "incremental", cut, history, cut, encoded, hits)
+        plan = await self._plan(kv, "incremental", cut, history, cut, encoded, hits, old)
         self.counters.incremental += 1
         return plan
 
     async def _plan(
-        self, kv: KVSession, mode: str, step: int | None, history: History, kept: int, encoded: int, hits: int
+        self,
+        kv: KVSession,
+        mode: str,
+        step: int | None,
+        history: History,
+        kept: int,
+        encoded: int,
+        hits: int,
+        previous: History | None,
     ) -> PrefillPlan:
         self.histories.check_fits(kv.session, history.nbytes)
         hit = await kv.match(history.keys)
@@ -253,7 +263,21 @@ class PrefixMatcher:
             encoded=encoded,
             encoder_hits=hits,
             history=history,
+            previous=previous,
         )
+
+    def rollback(self, plan: PrefillPlan) -> bool:
+        """Put the session's history back as it was before `plan`, whose turn failed (or was
+        cancelled): a turn that never completed is not part of the conversation, and the next
+        one must not grow on it. False (nothing done) if another plan has replaced it since."""
+        if self.histories.get(plan.session) is not plan.history:
+            return False
+        if plan.previous is None:
+            self.histories.forget(plan.session)
+        else:
+            self.histories.put(plan.session, plan.previous)
+        self.counters.rollbacks += 1
+        return True
 
     # ── after generation ──
 

@@ -217,7 +217,9 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
     tracing = TRACE_FLAGS.get(request.query.get("trace", "0").lower())
     if tracing is None:
         return _error(
-            400, f"`trace`: expected 1 or 0, not {request.query['trace']!r}", "?trace=1 adds the call's trace to its done event"
+            400,
+            f"`trace`: expected 1 (or true) or 0 (or false), not {request.query['trace']!r}",
+            "?trace=1 adds the call's trace to its done event",
         )
     trace = CallTrace("flowrt gateway") if tracing else None
     session = request.headers.get("X-Flow-Session") or request.query.get("session")
@@ -261,15 +263,15 @@ def application(
     if deployment is not None:
         app[DEPLOYMENT] = deployment
     app[MAX_BODY] = max_body
-    app[METRICS] = _metrics_of(runtime)
+    app[METRICS] = _installed(runtime, Metrics, Metrics)
     if gather is not None:
         app[DEPLOYMENT_METRICS] = DeploymentMetrics(gather)
-    app[IN_FLIGHT] = calls = CallsInFlight()
-    runtime.observer = combine(runtime.observer, calls)
-    export = otlp.from_environment()  # OTEL_EXPORTER_OTLP_ENDPOINT set: every call as spans (flowrt.observe.otlp)
-    if export is not None:
-        runtime.observer = combine(runtime.observer, export)
-        app.on_cleanup.append(lambda _: asyncio.to_thread(export.shutdown))
+    app[IN_FLIGHT] = _installed(runtime, CallsInFlight, CallsInFlight)
+    if _installed(runtime, otlp.OtlpExport) is None:  # (a second server over the runtime shares the first's export)
+        export = otlp.from_environment()  # OTEL_EXPORTER_OTLP_ENDPOINT set: every call as spans (flowrt.observe.otlp)
+        if export is not None:
+            runtime.observer = combine(runtime.observer, export)
+            app.on_cleanup.append(lambda _: asyncio.to_thread(export.shutdown))
     app.router.add_get("/health", health)
     app.router.add_get("/graphs", graphs)
     app.router.add_get("/stats", stats)
@@ -279,13 +281,15 @@ def application(
     return app
 
 
-def _metrics_of(runtime: Runtime) -> Metrics:
-    """The runtime's metrics observer, installed now if it has none (a second server over the
-    same runtime reads the same counts)."""
+def _installed(runtime: Runtime, kind: type, make: Any = None) -> Any:
+    """The runtime's observer of `kind`, else one `make()` installs now (None without `make`):
+    a second server over the same runtime reads the same counts, and no call is counted twice."""
     observers = getattr(runtime.observer, "observers", (runtime.observer,))
     for observer in observers:
-        if isinstance(observer, Metrics):
+        if isinstance(observer, kind):
             return observer
-    counts = Metrics()
-    runtime.observer = combine(runtime.observer, counts)
-    return counts
+    if make is None:
+        return None
+    observer = make()
+    runtime.observer = combine(runtime.observer, observer)
+    return observer

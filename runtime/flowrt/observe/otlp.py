@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+import urllib.parse
 from typing import Any
 
 from flowrt.observe.hooks import Observer, now, outcome
@@ -30,6 +32,7 @@ log = logging.getLogger("flowrt.observe")
 
 ENDPOINT_SETTINGS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 INSTALL = "pip install 'flowc[otlp]'"
+SHUTDOWN_WAIT = 2.0  # seconds a stopping server gives the collector for the spans still queued
 
 
 class OtlpExport(Observer):
@@ -77,7 +80,8 @@ class OtlpExport(Observer):
     def _export(self, call: Any, status: str, started: float, activations: list[tuple]) -> None:
         from opentelemetry.trace import Status, StatusCode
 
-        ids = {"flowrt.call_id": str(call.call_id), "flowrt.session": str(call.session or ""), "flowrt.graph": call.graph}
+        # the call id as traces and logs write it (an integer); a session-less call has ""
+        ids = {"flowrt.call_id": call.call_id, "flowrt.session": str(call.session or ""), "flowrt.graph": call.graph}
         root = self.tracer.start_span(
             f"call {call.graph}", start_time=self._ns(started), attributes={**ids, "flowrt.status": status}
         )
@@ -114,9 +118,19 @@ class OtlpExport(Observer):
     def statistics(self) -> dict:
         return {"calls_open": len(self._calls), "spans": self.spans}
 
-    def shutdown(self) -> None:
-        """Send the spans still queued and stop the SDK's exporter thread."""
-        self.provider.shutdown()
+    def shutdown(self, wait: float = SHUTDOWN_WAIT) -> None:
+        """Send the spans still queued and stop the SDK's exporter thread, waiting at most
+        `wait` seconds: a collector that is down or slow delays a server's stop that long, no
+        longer (its spans are then dropped, and the log says so)."""
+        stopping = threading.Thread(target=self.provider.shutdown, name="flowrt-otlp-shutdown", daemon=True)
+        stopping.start()
+        stopping.join(wait)
+        if stopping.is_alive():
+            log.warning(
+                "flowrt: the OTLP collector did not take the last spans within %.0f s; they are dropped "
+                "(check OTEL_EXPORTER_OTLP_ENDPOINT)",
+                wait,
+            )
 
 
 def wanted() -> bool:
@@ -131,10 +145,18 @@ class OtlpUnavailable(RuntimeError):
 
 
 def check() -> None:
-    """OtlpUnavailable (naming the setting and the install command) where the environment asks
-    for OTLP export and the SDK cannot be imported; what a server checks before it starts."""
+    """OtlpUnavailable (naming the setting and the fix) where the environment asks for OTLP
+    export and the SDK cannot be imported, or the endpoint is not an http(s) URL; what a
+    server checks before it starts."""
     if not wanted():
         return
+    for setting in ENDPOINT_SETTINGS:
+        endpoint = os.environ.get(setting, "").strip()
+        if endpoint and not _http_url(endpoint):
+            raise OtlpUnavailable(
+                f"{setting}={endpoint!r} is not an http(s) URL; give the collector's OTLP/HTTP address, "
+                "e.g. http://127.0.0.1:4318, or unset it"
+            )
     try:
         import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
         import opentelemetry.sdk.trace  # noqa: F401
@@ -144,6 +166,15 @@ def check() -> None:
             f"{setting} is set, but the OpenTelemetry SDK is not installed ({error.name} is missing); "
             f"install it with `{INSTALL}`, or unset {setting}"
         ) from None
+
+
+def _http_url(text: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and " " not in text
 
 
 def from_environment(service: str = "flowrt") -> OtlpExport | None:
@@ -157,6 +188,10 @@ def from_environment(service: str = "flowrt") -> OtlpExport | None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)}))
+    # shutdown_on_exit off: `shutdown` bounds the wait; the SDK's own at-exit hook would wait on a
+    # dead collector again, for its full timeout and retries
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)}), shutdown_on_exit=False
+    )
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return OtlpExport(provider, service)

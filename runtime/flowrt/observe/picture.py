@@ -14,6 +14,7 @@ A file that is not such a trace, or an output that is neither .svg nor .html, ra
 from __future__ import annotations
 
 import json
+import math
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,24 @@ def load_trace(path: str | Path) -> dict:
     if value is None:  # an NDJSON answer: its last line is the done event
         lines = [line for line in text.splitlines() if line.strip()]
         value = _json(lines[-1]) if lines else None
+        if value is None and text.lstrip().startswith("{"):
+            raise TraceFileError(f"{path} is not whole JSON (cut short?); {HOW_TO_RECORD}")
     if isinstance(value, dict) and isinstance(value.get("trace"), dict):
         value = value["trace"]
     if not isinstance(value, dict) or not isinstance(value.get("traceEvents"), list):
         raise TraceFileError(f"{path} is not a Chrome trace (no `traceEvents` list); {HOW_TO_RECORD}")
-    if not any(isinstance(e, dict) and e.get("ph") == "X" for e in value["traceEvents"]):
-        raise TraceFileError(f"{path} holds no complete events (ph X) to draw; {HOW_TO_RECORD}")
+    if not any(_drawable(e) for e in value["traceEvents"]):
+        raise TraceFileError(f"{path} holds no complete events (ph X, with a numeric ts and dur) to draw; {HOW_TO_RECORD}")
     return value
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _drawable(event: object) -> bool:
+    """A complete event with the times a bar needs."""
+    return isinstance(event, dict) and event.get("ph") == "X" and _number(event.get("ts")) and _number(event.get("dur"))
 
 
 def _json(text: str) -> Any:
@@ -80,9 +92,11 @@ def _events(trace: dict) -> list[dict]:
     """The events worth drawing, those with the fields they need, in a stable order."""
     kept = []
     for event in trace["traceEvents"]:
-        if not isinstance(event, dict) or not isinstance(event.get("ts", 0), (int, float)):
-            continue
-        if event.get("ph") == "X" and isinstance(event.get("dur"), (int, float)) or event.get("ph") in ("s", "f", "M"):
+        if (
+            _drawable(event)
+            or isinstance(event, dict)
+            and (event.get("ph") == "M" or event.get("ph") in ("s", "f") and _number(event.get("ts")))
+        ):
             kept.append(event)
     return kept
 

@@ -18,6 +18,7 @@ four times as much: bench/observe_overhead.py).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 from typing import Any
@@ -33,19 +34,26 @@ ENTRY = (0, 0)  # the frame id of the caller's entry values (flowrt.control.call
 
 def payload_bytes(inputs: dict) -> int:
     """The bytes of the tensors and byte strings among an activation's inputs (a list's items
-    counted too): what a deployment that copies frames moves; in process nothing is copied."""
+    and a dataclass's fields counted too: an audio clip's samples, say): what a deployment that
+    copies frames moves; in process nothing is copied."""
     total = 0
     for value in inputs.values():
         if type(value) in _NO_PAYLOAD:
             continue  # (most inputs are small values: one set lookup, not an attribute search)
         for item in value if isinstance(value, list) else (value,):
-            if isinstance(item, (bytes, bytearray, memoryview)):
-                total += len(item)
-            elif type(item) not in _NO_PAYLOAD:
-                nbytes = getattr(item, "nbytes", None)
-                if isinstance(nbytes, int):
-                    total += nbytes
+            total += _item_bytes(item)
+            if dataclasses.is_dataclass(item) and not isinstance(item, type):
+                total += sum(_item_bytes(getattr(item, field.name)) for field in dataclasses.fields(item))
     return total
+
+
+def _item_bytes(item: Any) -> int:
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return len(item)
+    if type(item) in _NO_PAYLOAD:
+        return 0
+    nbytes = getattr(item, "nbytes", None)
+    return nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) else 0
 
 
 _NO_PAYLOAD = frozenset({str, int, float, bool, type(None), dict, tuple})  # values that carry no tensor or bytes

@@ -199,8 +199,8 @@ def sampling_request(request: Any, default_max_tokens: int = DEFAULT_MAX_TOKENS)
     if top_p == 0.0:
         raise LlmError("top_p is 0: no token could be drawn; give a number above 0 and at most 1")
     seed = request.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-        raise LlmError(f"seed must be a whole number >= 0, not {seed!r}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+        raise LlmError(f"seed must be a whole number from 0 to 2**63 - 1, not {seed!r}")
     budget = request.get("max_completion_tokens", request.get("max_tokens"))
     if budget is None:
         budget = default_max_tokens

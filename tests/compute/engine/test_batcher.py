@@ -223,3 +223,13 @@ def test_a_stream_resumed_elsewhere_after_skipping_its_draws_samples_the_same_to
     assert TokenSampler().skip(3).draws == 0  # greedy has no stream
     with pytest.raises(EngineError, match="draws to skip"):
         TokenSampler(params).skip(-1)
+
+
+def test_extreme_but_valid_settings_sample_sanely():
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.9, 1.0])
+    for temperature in (1e-20, 1e-40, 1e-300):  # overflowed to inf and NaN once: the last-ranked token came out
+        assert TokenSampler(SamplingParams(temperature=temperature, seed=1))(logits) == 1  # as greedy
+    for top_p in (1e-30, 1e-300):  # rounded to 0 in float32 once: no token was kept, an IndexError
+        assert TokenSampler(SamplingParams(temperature=1.0, top_p=top_p, seed=3))(logits) == 1
+    with pytest.raises(EngineError, match="2\\*\\*63"):
+        SamplingParams(temperature=1.0, seed=2**64)

@@ -193,3 +193,28 @@ def test_place_context_reuses_the_llms_pages_or_recomputes_them_to_the_same_late
     finally:
         model.close()
         elsewhere.close()
+
+
+def test_a_turn_that_fails_leaves_the_history_as_it_was():
+    from flowrt.params.session import KVError
+
+    def conversation(with_failure: bool):
+        model = Model(device_pages=16)  # 64 positions: a 200-token turn cannot be placed
+        try:
+
+            async def turns():
+                await model.turn("s", PROMPT)
+                before = model.matcher.history("s").n_tokens
+                if with_failure:
+                    with pytest.raises(KVError):
+                        await model.turn("s", [Text(list(range(200)))])
+                    assert model.matcher.history("s").n_tokens == before  # the failed turn left nothing behind
+                    assert model.matcher.counters.rollbacks == 1
+                return await model.turn("s", [Text([30, 31, 32])])
+
+            plan, result, _ = asyncio.run(turns())
+            return plan.n_tokens, result.tokens
+        finally:
+            model.close()
+
+    assert conversation(with_failure=True) == conversation(with_failure=False)

@@ -83,8 +83,8 @@ class PlannedGenerator(EngineDriver):
         stop: Collection[int] = (),
         on_token: Callable[[int], None] | None = None,
     ) -> PlannedGeneration:
-        """Prefill `plan` (made by this generator's matcher on `kv`) and generate (see the module docstring)."""
-        torch = _torch()
+        """Prefill `plan` (made by this generator's matcher on `kv`) and generate (see the module
+        docstring). If it fails or is cancelled, the session's history goes back to before the plan."""
         started = time.perf_counter()
         self.bind(kv)
         if not isinstance(plan, PrefillPlan):
@@ -100,6 +100,23 @@ class PlannedGenerator(EngineDriver):
             raise EngineError(f"generate(): max_new_tokens is a whole number >= 0, not {max_new_tokens!r}")
         stops = frozenset(token_list(stop, allow_empty=True))
         sampler = TokenSampler(sampling)
+        try:
+            return await self._generate(kv, plan, max_new_tokens, sampler, stops, on_token, started)
+        except BaseException:
+            self.matcher.rollback(plan)  # the turn did not happen: the session's next one builds on the last good one
+            raise
+
+    async def _generate(
+        self,
+        kv: KVSession,
+        plan: PrefillPlan,
+        max_new_tokens: int,
+        sampler: TokenSampler,
+        stops: frozenset,
+        on_token: Callable[[int], None] | None,
+        started: float,
+    ) -> PlannedGeneration:
+        torch = _torch()
         size, n = plan.page_tokens, plan.n_tokens
         keys = list(plan.keys)
 

@@ -39,8 +39,10 @@ class SamplingParams:
             raise EngineError(f"sampling top_k must be a whole number >= 0 (0: no cut), not {self.top_k!r}")
         if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
             raise EngineError(f"sampling top_p must lie in (0, 1] (1: no cut), not {self.top_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
-            raise EngineError(f"sampling seed must be a whole number >= 0 or None, not {self.seed!r}")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63
+        ):
+            raise EngineError(f"sampling seed must be a whole number from 0 to 2**63 - 1, or None, not {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -85,7 +87,10 @@ class TokenSampler:
         logits = logits.detach().to("cpu", torch.float32)
         if self.params.greedy:
             return int(torch.argmax(logits))
-        scaled = logits / self.params.temperature
+        # in float64, from the largest logit down: the top token scales to 0 and the others to
+        # at most 0, so no temperature, however small, overflows into inf and NaN (1e-300 is greedy)
+        logits = logits.double()
+        scaled = (logits - logits.max()) / self.params.temperature
         order = torch.argsort(scaled, descending=True, stable=True)  # ties: the lower id first, every run
         ranked = scaled[order]
         if 0 < self.params.top_k < len(ranked):
@@ -97,5 +102,5 @@ class TokenSampler:
         cumulative = torch.cumsum(probabilities, dim=0)
         draw = torch.rand((), generator=self.generator, dtype=torch.float64) * float(cumulative[-1])
         self.draws += 1
-        chosen = min(int(torch.searchsorted(cumulative.double(), draw, right=True)), len(cumulative) - 1)
+        chosen = min(int(torch.searchsorted(cumulative, draw, right=True)), len(cumulative) - 1)
         return int(order[chosen])
