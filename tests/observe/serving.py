@@ -13,11 +13,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.deploy.helpers import bundle_with_roles
+from tests.params.test_meta_helpers import wait_until  # noqa: F401 - the observe tests' deadline poll
 
 FLOW = """
 placeholder request: Json
@@ -77,19 +77,6 @@ REPLICAS = {("front", 0), ("worker", 0), ("worker", 1)}
 
 def bundle(directory: Path) -> Path:
     return bundle_with_roles(FLOW, ROLES, directory)
-
-
-def wait_until(condition: Callable[[], object], seconds: float, what: str) -> object:
-    """Poll `condition()` until it is true; its value. Fails naming `what` after `seconds`
-    (a deadline, not a timing: nothing is asserted about how long it took)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {seconds:g}s")
-        time.sleep(0.02)
 
 
 class Server:

@@ -263,11 +263,13 @@ def application(
     if deployment is not None:
         app[DEPLOYMENT] = deployment
     app[MAX_BODY] = max_body
-    app[METRICS] = _installed(runtime, Metrics, Metrics)
+    app[METRICS] = _installed(runtime, Metrics)
     if gather is not None:
         app[DEPLOYMENT_METRICS] = DeploymentMetrics(gather)
-    app[IN_FLIGHT] = _installed(runtime, CallsInFlight, CallsInFlight)
-    if _installed(runtime, otlp.OtlpExport) is None:  # (a second server over the runtime shares the first's export)
+    app[IN_FLIGHT] = _installed(runtime, CallsInFlight)
+    if (
+        _installed(runtime, otlp.OtlpExport, install=False) is None
+    ):  # (a second server over the runtime shares the first's export)
         export = otlp.from_environment()  # OTEL_EXPORTER_OTLP_ENDPOINT set: every call as spans (flowrt.observe.otlp)
         if export is not None:
             runtime.observer = combine(runtime.observer, export)
@@ -281,15 +283,15 @@ def application(
     return app
 
 
-def _installed(runtime: Runtime, kind: type, make: Any = None) -> Any:
-    """The runtime's observer of `kind`, else one `make()` installs now (None without `make`):
+def _installed(runtime: Runtime, kind: type, install: bool = True) -> Any:
+    """The runtime's observer of `kind`, else a new `kind()` installed now (None if not `install`):
     a second server over the same runtime reads the same counts, and no call is counted twice."""
     observers = getattr(runtime.observer, "observers", (runtime.observer,))
     for observer in observers:
         if isinstance(observer, kind):
             return observer
-    if make is None:
+    if not install:
         return None
-    observer = make()
+    observer = kind()
     runtime.observer = combine(runtime.observer, observer)
     return observer

@@ -153,6 +153,19 @@ def check_kv_fits(ctx, spec: EngineSpec, *, page_tokens: int, model: str, name: 
     return layout
 
 
+def engines_for(cache: Any, kv: Any, spec: EngineSpec, page_tokens: int, make: Any) -> Any:
+    """The engines `make(kv)` bound to `kv`'s pool, kept in `cache` (a weak dict by pool: a
+    deployment's pool lives as long as the deployment), refusing a global of the wrong shape
+    when they are first made (flowstd's multimodal and voice roles)."""
+    engines = cache.get(kv.pool)
+    if engines is None:
+        spec.check_layout(kv.layout)  # names each setting of the global to change
+        if kv.layout.page_tokens != page_tokens:
+            raise EngineError(f"global `{kv.layout.name}`: set `page_tokens {page_tokens}` (it has {kv.layout.page_tokens})")
+        engines = cache[kv.pool] = make(kv)
+    return engines
+
+
 def _setting_text(value: Any) -> str:
     return f"[{', '.join(value)}]" if isinstance(value, tuple) else str(value)
 

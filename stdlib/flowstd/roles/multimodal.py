@@ -42,7 +42,7 @@ from flowrt.compute.engine.dit import DitConfig, DitEngine, DitSampler
 from flowrt.compute.engine.planned import PlannedGenerator, place_context
 from flowrt.compute.prefix import Media, PrefixMatcher, Text
 from flowrt.errors import FlowrtError
-from flowstd.roles.llm import check_kv_fits
+from flowstd.roles.llm import check_kv_fits, engines_for
 
 GLOBAL = "kv"  # the KVCache global lib/multimodal.flow imports (lib/kvcache.flow)
 PAGE_TOKENS = 16
@@ -94,13 +94,7 @@ class MultimodalRuntime:
 
     def for_pool(self, kv: Any) -> PoolEngines:
         """The engines bound to `kv`'s pool (made on first use), refusing a global of the wrong shape."""
-        engines = self._engines.get(kv.pool)
-        if engines is None:
-            self.spec.check_layout(kv.layout)  # names each setting of the global to change
-            if kv.layout.page_tokens != PAGE_TOKENS:
-                raise EngineError(f"global `{kv.layout.name}`: set `page_tokens {PAGE_TOKENS}` (it has {kv.layout.page_tokens})")
-            engines = self._engines[kv.pool] = PoolEngines(kv)
-        return engines
+        return engines_for(self._engines, kv, self.spec, PAGE_TOKENS, PoolEngines)
 
 
 class PoolEngines:

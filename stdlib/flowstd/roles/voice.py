@@ -42,11 +42,11 @@ from functools import cached_property
 from typing import Any
 
 from flowrt.compute.encoder_cache import EncoderCache
-from flowrt.compute.engine import ContinuousBatcher, EngineError, ReferenceConfig, ReferenceEngine
+from flowrt.compute.engine import ContinuousBatcher, ReferenceConfig, ReferenceEngine
 from flowrt.compute.engine.planned import PlannedGenerator
 from flowrt.compute.prefix import Media, PrefixMatcher, Text
 from flowrt.errors import FlowrtError
-from flowstd.roles.llm import check_kv_fits, stream_generation, token_ids
+from flowstd.roles.llm import check_kv_fits, engines_for, stream_generation, token_ids
 
 GLOBAL = "kv"  # the KVCache global lib/voice.flow imports (lib/kvcache.flow)
 PAGE_TOKENS = 16
@@ -128,13 +128,7 @@ class VoiceRuntime:
 
     def for_pool(self, kv: Any) -> PoolEngines:
         """The thinker's engines bound to `kv`'s pool (made on first use)."""
-        engines = self._engines.get(kv.pool)
-        if engines is None:
-            self.spec.check_layout(kv.layout)  # names each setting of the global to change
-            if kv.layout.page_tokens != PAGE_TOKENS:
-                raise EngineError(f"global `{kv.layout.name}`: set `page_tokens {PAGE_TOKENS}` (it has {kv.layout.page_tokens})")
-            engines = self._engines[kv.pool] = PoolEngines(kv)
-        return engines
+        return engines_for(self._engines, kv, self.spec, PAGE_TOKENS, PoolEngines)
 
 
 class PoolEngines:
