@@ -9,7 +9,8 @@ NODE_STAMP := $(EDITOR)/node_modules/.installed-stamp
 # the compiled control core: the modules with a .pxd beside them (docs/runtime.md, "The compiled core")
 CORE_PXD := $(wildcard runtime/flowrt/control/*.pxd)
 CORE_SOURCES := $(CORE_PXD) $(CORE_PXD:.pxd=.py) runtime/flowrt/control/native.py setup.py \
-	$(wildcard runtime/flowrt/compute/_pagehash.pyx runtime/flowrt/compute/*.h) runtime/flowrt/compute/native.py
+	$(wildcard runtime/flowrt/compute/_pagehash.pyx runtime/flowrt/compute/*.h) runtime/flowrt/compute/native.py \
+	runtime/flowrt/observe/_tracewriter.pyx runtime/flowrt/extensions.py
 CORE_STAMP := $(VENV)/.core-stamp
 # Python 3.12+ starts activations as eager tasks (docs/runtime.md); where one is installed,
 # `make test` runs the runtime suites under it too, so both launch paths are tested
@@ -36,7 +37,7 @@ $(STAMP): pyproject.toml setup.py
 
 ## The compiled control core, rebuilt in place when its sources change (the install builds it too;
 ## FRESH_CORE asks flowrt whether the extensions beside the sources were built from them).
-FRESH_CORE = -W ignore -c "import sys; from flowrt.control import native; from flowrt.compute import native as hashing; sys.exit(not (native.choose()[0] and hashing.load()[0]))"
+FRESH_CORE = -W ignore -c "import sys; from flowrt.control import native; from flowrt.extensions import EXTENSIONS; sys.exit(not (native.choose()[0] and all(each.load()[0] for each in EXTENSIONS)))"
 $(CORE_STAMP): $(CORE_SOURCES) | $(STAMP)
 	$(PY) $(FRESH_CORE) || $(PY) setup.py --quiet build_ext --inplace --parallel 2
 	touch $(CORE_STAMP)

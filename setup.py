@@ -6,14 +6,16 @@ extension it writes, so flowrt can tell a fresh extension from a stale one. With
 a C compiler the package still installs: flowrt then runs the same modules as Python, slower
 (docs/runtime.md, "The compiled core").
 
-It also compiles flowrt.compute's page hashing (flowrt.compute.native) from its .pyx and headers;
-that extension carries the digest of its sources inside it instead of in the manifest.
+It also compiles flowrt's other C extensions (flowrt.extensions: page hashing, the trace
+writer) from their .pyx files and headers; each carries the digest of its sources inside it
+instead of in the manifest.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -21,19 +23,21 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 CORE = HERE / "runtime" / "flowrt" / "control"
-COMPUTE = HERE / "runtime" / "flowrt" / "compute"
+RUNTIME = HERE / "runtime" / "flowrt"
 
 
 def _native(name: str = "_flowrt_native", path: Path = CORE / "native.py"):
-    """A native.py (flowrt.control's by default), loaded by path: flowrt is not importable while it is being built."""
+    """A module that stands alone (flowrt.control.native by default), loaded by path: flowrt is
+    not importable while it is being built."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # (dataclasses look their module up while it runs)
     spec.loader.exec_module(module)
     return module
 
 
 native = _native()
-hashing_native = _native("_flowrt_compute_native", COMPUTE / "native.py")
+extensions_native = _native("_flowrt_extensions", RUNTIME / "extensions.py")
 
 
 class BuildCore(build_ext):
@@ -55,7 +59,7 @@ class BuildCore(build_ext):
         """Write, beside the extensions where they finally lie, the digest of each one's sources."""
         for ext in self.extensions:
             if ext.name.rpartition(".")[0] != native.PACKAGE:
-                continue  # page hashing carries its sources' digest inside it (hashing_extension)
+                continue  # the other extensions carry their sources' digest inside them (c_extension)
             path = Path(self.get_ext_fullpath(ext.name))
             manifest = path.parent / native.MANIFEST
             try:
@@ -87,19 +91,18 @@ def extensions() -> list[Extension]:
             "nonecheck": True,  # a None where an object is expected raises, as in Python
         },
     )
-    return core + cythonize(
-        [hashing_extension()], build_dir="build/cython", quiet=True, compiler_directives={"language_level": 3}
-    )
+    others = [c_extension(each) for each in extensions_native.EXTENSIONS]
+    return core + cythonize(others, build_dir="build/cython", quiet=True, compiler_directives={"language_level": 3})
 
 
-def hashing_extension() -> Extension:
-    """flowrt.compute._pagehash: BLAKE2b and the page-hash chain in C, built with its sources' digest."""
-    sources = [str((COMPUTE / name).relative_to(HERE)) for name in hashing_native.SOURCES]
+def c_extension(spec) -> Extension:
+    """One of flowrt.extensions.EXTENSIONS (page hashing, the trace writer), built with its sources' digest."""
+    sources = [str((spec.directory / name).relative_to(HERE)) for name in spec.sources]
     return Extension(
-        hashing_native.MODULE,
+        spec.module,
         sources[:1],
         depends=sources[1:],
-        define_macros=[("FLOWRT_SOURCE_DIGEST", f'"{hashing_native.source_digest(COMPUTE)}"')],
+        define_macros=[("FLOWRT_SOURCE_DIGEST", f'"{spec.source_digest()}"')],
     )
 
 

@@ -23,5 +23,5 @@ cdef class Resume:
     cdef object awaitable, waiting
 
 cdef class JoinState:
-    cdef public dict values
+    cdef public dict values, frames
     cdef public bint fired

@@ -124,8 +124,9 @@ class Resume:
 
 
 class JoinState:
-    __slots__ = ("values", "fired")
+    __slots__ = ("values", "frames", "fired")
 
     def __init__(self) -> None:
         self.values: dict[str, list] = {}
+        self.frames: dict[str, list] = {}  # observing: per field, the ids of the frames it may pass on
         self.fired = False

@@ -26,7 +26,8 @@ cdef class Call(Delivery):
     cpdef cancel(self, str reason=*)
     cpdef fail(self, str message, str where)
     @cython.locals(
-        node=NodeProgram, sequencer=Sequencer, consumer=OrderConsumer, reset=Py_ssize_t, producer=Activation, sending=tuple
+        node=NodeProgram, sequencer=Sequencer, consumer=OrderConsumer, reset=Py_ssize_t, producer=Activation, sending=tuple,
+        sending_from=Py_ssize_t, sending_index=Py_ssize_t
     )
     cdef _schedule(self, Activation act)
     cdef _spawn(self, object act)

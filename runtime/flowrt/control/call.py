@@ -198,9 +198,10 @@ class Call(Delivery):
         self.in_flight += 1
         self.running_by_node[node.index] += 1
         if not node.interface:
-            sending = self.sending  # (observing: what the frame being dispatched, if any, goes on with)
+            # (observing: what the frame being dispatched, if any, goes on with)
+            sending, sending_from, sending_index = self.sending, self.sending_from, self.sending_index
             self._dispatch_frame(act, act.inputs, 0, None)
-            self.sending = sending
+            self.sending, self.sending_from, self.sending_index = sending, sending_from, sending_index
             self.running_by_node[node.index] -= 1
             self._activation_done(node, None)
             return
@@ -456,7 +457,10 @@ class Call(Delivery):
     def _dispatch_frame(self, act: Activation, frame: dict, yidx: int, streams: dict | None) -> None:
         node = act.node
         if self.track_frames:  # a node without a role (the entry, a placeholder) passes its frames on
-            self.sending = ((act.aid, yidx),) if node.interface else act.sources
+            if node.interface:
+                self.sending, self.sending_from, self.sending_index = None, act.aid, yidx
+            else:
+                self.sending = act.sources
         roots = _out_roots(node, act.aid, act.roots, yidx) if node.diamond_root or (act.roots and node.carried) else ()
         order = self._out_order(node, act.order, yidx)
         shared = node.shared_outlets
@@ -481,7 +485,7 @@ class Call(Delivery):
                     elif kind == DIRECT:
                         direct = Activation(edge.node, edge.group.index, self._aid(), {name: value}, roots, order)
                         if self.track_frames:
-                            direct.sources = self.sending
+                            direct.sources = self._sent()
                         self._schedule(direct)
                     elif kind == JOIN:
                         self._join_arrived(edge.node, name, value)

@@ -11,9 +11,13 @@ from flowrt.control.sequencer cimport Sequencer
 cdef Py_ssize_t CALLER, DIRECT, JOIN, WAITING, FIRED, ORDERED_STREAM
 cdef object EMPTY, ERROR, CANCEL, CLOCK
 
+@cython.locals(join=JoinField)
+cdef double _threshold(NodeProgram node, str name) except -1
+
 cdef class Delivery:
     cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop, observer
     cdef public tuple sending
+    cdef public Py_ssize_t sending_from, sending_index
     cdef public dict arrivals
     cdef public GraphProgram program
     cdef public str graph
@@ -26,6 +30,7 @@ cdef class Delivery:
     cdef public bint cancelled, failed, ended, custom_tasks, track_frames, watch_output, watch_starts, watch_ends
     cdef public str cancel_reason
 
+    cdef tuple _sent(self)
     cdef Py_ssize_t _aid(self)
     cdef Py_ssize_t _ticket(self)
     @cython.locals(bucket=Bucket, outcome=Py_ssize_t, consumer=OrderConsumer)
@@ -40,7 +45,7 @@ cdef class Delivery:
     cdef _close_bucket(self, Edge edge, tuple bucket_key, Bucket bucket, Py_ssize_t outcome)
     @cython.locals(aid=Py_ssize_t)
     cdef _dead(self, NodeProgram node, tuple roots, object reason, object origin)
-    @cython.locals(state=JoinState)
+    @cython.locals(state=JoinState, frames=list)
     cdef _join_arrived(self, NodeProgram node, str name, object value)
     @cython.locals(state=JoinState, j=JoinField, act=Activation)
     cdef bint _try_join(self, NodeProgram node, bint final) except -1

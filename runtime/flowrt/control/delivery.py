@@ -104,8 +104,20 @@ class Delivery:
         self.watch_output = False  # the observer hears of the call's first output event (set with it)
         self.watch_starts = False  # the observer hears of each activation's start (set with it)
         self.watch_ends = False  # ... and of each one's end
-        self.sending: tuple = ()  # observing: the ids of the frame being dispatched (Activation.sources)
+        # observing: the ids of the frame being dispatched (Activation.sources); None: the one
+        # frame (sending_from, sending_index), whose tuple `_sent` makes if a consumer needs it
+        self.sending: tuple | None = ()
+        self.sending_from = 0
+        self.sending_index = 0
         self.arrivals: dict = {}  # observing: per open bucket or join, the ids of the frames per slot or field
+
+    def _sent(self) -> tuple:
+        """The ids of the frame being dispatched (observing): made on first use, as most frames
+        go only to the caller, whose events carry no ids."""
+        sending = self.sending
+        if sending is None:
+            sending = self.sending = ((self.sending_from, self.sending_index),)
+        return sending
 
     def _aid(self) -> int:
         self.last_aid += 1
@@ -124,7 +136,7 @@ class Delivery:
         if bucket is None:
             return
         if self.track_frames:
-            self.arrivals.setdefault(bucket_key, {}).setdefault(edge.slot, []).extend(self.sending)
+            self.arrivals.setdefault(bucket_key, {}).setdefault(edge.slot, []).extend(self._sent())
         before = bucket.order
         outcome = bucket.arrived(edge.slot, value, order)
         if bucket.order is not before:  # its activation's key can now be this small
@@ -222,7 +234,11 @@ class Delivery:
             else:
                 values.append(value)
             if self.track_frames:
-                self.arrivals.setdefault(("join", node.index), {}).setdefault(name, []).extend(self.sending)
+                frames = state.frames.get(name)
+                if frames is None:
+                    state.frames[name] = list(self._sent())
+                elif len(frames) < _threshold(node, name):  # (the frames past it are never passed on)
+                    frames.extend(self._sent())
             self._try_join(node, False)
 
     def _try_join(self, node: NodeProgram, final: bool) -> bool:
@@ -248,7 +264,7 @@ class Delivery:
         inputs = {j.field: list(state.values.get(j.field, ()))[: j.threshold] for j in node.join or ()}
         act = Activation(node, 0, self._aid(), inputs, (), ())  # one per call: the empty key
         if self.track_frames:
-            frames = self.arrivals.pop(("join", node.index), {})
+            frames = state.frames
             act.sources = tuple(f for j in node.join or () for f in frames.get(j.field, [])[: j.threshold])
         self._schedule(act)
         return True
@@ -447,6 +463,15 @@ def _consumed(bucket: Bucket, frames: dict) -> tuple:
             seen.add(fields[i])
             consumed += frames.get(i, ())
     return tuple(consumed)
+
+
+def _threshold(node: NodeProgram, name: str) -> float:
+    """How many frames of join field `name` its activation takes (observing): its count, or
+    every one (`all`)."""
+    for join in node.join or ():
+        if join.field == name:
+            return float("inf") if join.threshold is None else join.threshold
+    return float("inf")
 
 
 def counts_met(node: NodeProgram, state: JoinState) -> bool:

@@ -23,7 +23,8 @@ not raise, and they must not keep `call` or `act` beyond the call.
 An observer whose `frames` attribute is true (a trace) also gets `act.sources`; tracking them
 costs the core a little per frame, so observers that do not read them leave it false. One whose
 `starts` (or `ends`) attribute is false is not called at `activation_started` (or
-`activation_ended`): metrics need neither, their counts being the core's own (below).
+`activation_ended`): metrics need neither, their counts being the core's own (below). One whose
+`first_output` is None is not called there either (a trace needs no such call).
 
 `Activation.started` is when the activation started, in `now`'s clock: the control core sets it
 before `activation_started` whenever a call has an observer, so every observer measures from

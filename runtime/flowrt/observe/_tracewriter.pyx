@@ -1,0 +1,496 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The C fast path of flowrt.observe.trace: recording an activation as it ends, and writing a
+call's Chrome trace as JSON text straight into one growing C buffer.
+
+flowrt.observe.trace is the specification: `Recorder.activation_ended` must append the very
+tuple trace.Recorder appends, and `chrome_trace_json` must give text that decodes to the very
+JSON value trace.chrome_trace_json gives (tests/observe/test_trace_writer.py holds them to it;
+the bytes are equal too wherever msgspec writes a float as its decimal digits). What both lay
+out the same way (lanes, names, the bytes of inputs) comes from flowrt.observe.tracelayout.
+Times are written from whole nanoseconds as decimal microseconds, so no float is formatted.
+setup.py compiles it with FLOWRT_SOURCE_DIGEST, the digest of its sources (flowrt.extensions).
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy, strlen
+from os import getpid
+from time import perf_counter
+
+import dataclasses
+
+import msgspec
+
+from flowrt.observe import tracelayout
+from flowrt.observe.hooks import outcome
+from flowrt.observe.tracelayout import NO_PAYLOAD, layout, replica_name
+
+
+cdef extern from *:
+    """
+    #ifndef FLOWRT_SOURCE_DIGEST
+    #define FLOWRT_SOURCE_DIGEST ""
+    #endif
+    """
+    const char *FLOWRT_SOURCE_DIGEST
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object text, Py_ssize_t *size) except NULL
+    long long PyLong_AsLongLongAndOverflow(object value, int *overflow) except? -1
+
+
+SOURCE_DIGEST = (<bytes>FLOWRT_SOURCE_DIGEST).decode("ascii")  # "" when built without setup.py
+
+cdef object CLOCK = perf_counter  # flowrt.observe.hooks.now
+cdef object ENCODE = msgspec.json.encode
+cdef frozenset NO_PAYLOAD_TYPES = NO_PAYLOAD
+cdef dict REPLICA_NAMES = tracelayout._REPLICA_NAMES  # (the very cache tracelayout fills)
+cdef object FIELDS = dataclasses.fields
+cdef const char *HEX = "0123456789abcdef"
+
+
+# ── recording ──
+
+cdef class Recorder:
+    """trace.Recorder in C: the same attributes, and the same tuple per ended activation."""
+
+    cdef public object process, pid, call_id, graph, session, status
+    cdef public double started, ended
+    cdef public list activations
+
+    def __init__(self, process="flowrt"):
+        self.process = process
+        self.pid = getpid()
+        self.call_id = None
+        self.graph = ""
+        self.session = ""
+        self.status = ""
+        self.started = 0.0
+        self.ended = 0.0
+        self.activations = []
+
+    def call_started(self, call):
+        if self.call_id is None:
+            self.call_id, self.graph, self.session = call.call_id, call.graph, call.session
+            self.started = CLOCK()
+
+    def activation_ended(self, call, act, reason):
+        if call.call_id != self.call_id:
+            return
+        node = act.node
+        inputs = act.inputs
+        self.activations.append(
+            (act.aid, node.role, node.method, act.replica, act.started, CLOCK(), act.sources, act.yielded, reason,
+             payload_bytes(inputs) if inputs else 0)
+        )
+
+    def call_ended(self, call, status):
+        if call.call_id == self.call_id:
+            self.status = status
+            self.ended = CLOCK()
+
+
+cdef object payload_bytes(object inputs):
+    """tracelayout.payload_bytes in C."""
+    total = 0
+    for value in inputs.values():
+        if type(value) not in NO_PAYLOAD_TYPES:
+            for item in value if isinstance(value, list) else (value,):
+                if type(item) in NO_PAYLOAD_TYPES:
+                    continue  # (no bytes, and not a dataclass: a list of token ids, say)
+                total += item_bytes(item)
+                if hasattr(type(item), "__dataclass_fields__") and not isinstance(item, type):  # is_dataclass
+                    for field in FIELDS(item):
+                        total += item_bytes(getattr(item, field.name))
+    return total
+
+
+cdef object item_bytes(object item):
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return len(item)
+    if type(item) in NO_PAYLOAD_TYPES:
+        return 0
+    nbytes = getattr(item, "nbytes", None)
+    return nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) else 0
+
+
+# ── the text ──
+
+cdef struct Text:
+    char *data
+    Py_ssize_t size
+    Py_ssize_t capacity
+
+
+cdef int grow(Text *text, Py_ssize_t more) except -1:
+    cdef Py_ssize_t capacity = text.capacity if text.capacity else 8192
+    while capacity < text.size + more:
+        capacity *= 2
+    cdef char *data = <char *>realloc(text.data, capacity)
+    if data == NULL:
+        raise MemoryError()
+    text.data = data
+    text.capacity = capacity
+    return 0
+
+
+cdef inline int put(Text *text, const char *chars, Py_ssize_t n) except -1:
+    if text.size + n > text.capacity:
+        grow(text, n)
+    memcpy(text.data + text.size, chars, n)
+    text.size += n
+    return 0
+
+
+cdef inline int lit(Text *text, const char *chars) except -1:
+    return put(text, chars, strlen(chars))
+
+
+cdef Py_ssize_t format_int(char *out, long long value) noexcept:
+    """`value` in decimal into `out` (20 characters at most); returns how many."""
+    cdef char digits[24]
+    cdef int at = 24
+    cdef unsigned long long magnitude = <unsigned long long>(-(value + 1)) + 1 if value < 0 else <unsigned long long>value
+    while True:
+        at -= 1
+        digits[at] = <char>(48 + magnitude % 10)
+        magnitude //= 10
+        if magnitude == 0:
+            break
+    if value < 0:
+        at -= 1
+        digits[at] = b'-'
+    memcpy(out, digits + at, 24 - at)
+    return 24 - at
+
+
+cdef inline int put_int(Text *text, long long value) except -1:
+    if text.size + 24 > text.capacity:
+        grow(text, 24)
+    text.size += format_int(text.data + text.size, value)
+    return 0
+
+
+cdef int put_thousandths(Text *text, long long value) except -1:
+    """`value` / 1000 as a JSON number: the decimal digits of the float `value / 1e3`, as msgspec
+    writes them (`12.345`, `12.5`, `12.0`)."""
+    cdef char fraction[4]
+    cdef int digits = 3
+    cdef long long rest
+    if value < 0:
+        lit(text, "-")
+        value = -value
+    put_int(text, value // 1000)
+    rest = value % 1000
+    fraction[0] = b'.'
+    fraction[1] = <char>(48 + rest // 100)
+    fraction[2] = <char>(48 + rest // 10 % 10)
+    fraction[3] = <char>(48 + rest % 10)
+    while digits > 1 and fraction[digits] == b'0':
+        digits -= 1
+    return put(text, fraction, digits + 1)
+
+
+cdef int put_escaped(Text *text, str value) except -1:
+    """A str's characters as they go between a JSON string's quotes (msgspec's escapes)."""
+    cdef Py_ssize_t size, i, run = 0
+    cdef const char *chars = PyUnicode_AsUTF8AndSize(value, &size)
+    cdef unsigned char c
+    cdef char escape[6]
+    for i in range(size):
+        c = <unsigned char>chars[i]
+        if c >= 0x20 and c != 34 and c != 92:
+            continue
+        put(text, chars + run, i - run)
+        run = i + 1
+        if c == 34:
+            lit(text, "\\\"")
+        elif c == 92:
+            lit(text, "\\\\")
+        elif c == 10:
+            lit(text, "\\n")
+        elif c == 13:
+            lit(text, "\\r")
+        elif c == 9:
+            lit(text, "\\t")
+        elif c == 8:
+            lit(text, "\\b")
+        elif c == 12:
+            lit(text, "\\f")
+        else:
+            escape[0] = b'\\'
+            escape[1] = b'u'
+            escape[2] = b'0'
+            escape[3] = b'0'
+            escape[4] = HEX[c >> 4]
+            escape[5] = HEX[c & 15]
+            put(text, escape, 6)
+    return put(text, chars + run, size - run)
+
+
+cdef int put_str(Text *text, str value) except -1:
+    lit(text, "\"")
+    put_escaped(text, value)
+    return lit(text, "\"")
+
+
+cdef int put_value(Text *text, object value) except -1:
+    """Any JSON value: str, int and None here; the rest as msgspec writes it."""
+    cdef bytes encoded
+    cdef int overflow = 0
+    cdef long long number
+    if type(value) is str:
+        return put_str(text, value)
+    if type(value) is int:
+        number = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not overflow:
+            return put_int(text, number)
+    if value is None:
+        return lit(text, "null")
+    encoded = ENCODE(value)
+    return put(text, PyBytes_AS_STRING(encoded), PyBytes_GET_SIZE(encoded))
+
+
+cdef inline long long nanoseconds(double seconds, double origin):
+    """trace._us: a time as whole nanoseconds since the call started."""
+    return <long long>((seconds - origin) * 1e9)
+
+
+cdef inline long long duration(long long start, long long end):
+    """A duration in thousandths of a µs, rounded as trace.chrome_trace_json rounds it (from
+    the two times in µs); never zero (zero would hide it)."""
+    cdef long long rounded = <long long>((end / 1e3 - start / 1e3) * 1e3 + 0.5)
+    return rounded if rounded != 0 else 1
+
+
+cdef enum:
+    FRAME_ID = 48  # room for "producer:index" between quotes, both 64-bit
+
+
+cdef struct Placed:
+    Py_ssize_t record  # its index in trace.activations
+    double start_s  # its start in seconds (the sort key, with its aid)
+    long long aid, start, end, tid  # (start and end in ns since the call started)
+
+
+def chrome_trace_json(trace):
+    """trace.chrome_trace_json in C: the JSON text of `trace`'s call."""
+    cdef Text text = Text(NULL, 0, 0)
+    cdef list activations = trace.activations
+    cdef Py_ssize_t count = len(activations), i, arrows = 0
+    cdef Placed *placed = <Placed *>malloc((count + 1) * sizeof(Placed))
+    cdef Placed *act
+    cdef Placed *producer
+    cdef double origin = trace.started
+    cdef long long ended = nanoseconds(trace.ended, origin), leaves
+    cdef char frame[FRAME_ID]
+    cdef Py_ssize_t frame_size
+    if placed == NULL:
+        raise MemoryError()
+    try:
+        sort_by_start(activations, placed, count)
+        names = lanes(activations, placed, count)
+        lanes_of = lane_layout(trace.process, trace.pid, names)
+        tids = lanes_of.tids
+        where = {}  # a producer's aid -> its index in `placed` (`count`: the caller's entry values)
+        for i in range(count):
+            act = &placed[i]
+            record = activations[act.record]
+            act.start = nanoseconds(record[4], origin)
+            act.end = nanoseconds(record[5], origin)
+            act.tid = tids[names[i]]
+            where[act.aid] = i
+        placed[count] = Placed(-1, 0.0, 0, 0, ended, 1)
+        where[0] = count
+
+        pid, call_id, session, graph = ENCODE(trace.pid), ENCODE(trace.call_id), ENCODE(trace.session), trace.graph
+        graph_json = ENCODE(graph)
+        call_fields = b"\"call_id\":" + call_id + b",\"graph\":" + graph_json + b",\"session\":" + session + \
+            b",\"status\":" + ENCODE(trace.status)
+        lane = b",\"pid\":" + pid + b",\"tid\":"  # what comes before an event's lane
+        shared = b",\"process\":" + pid + b",\"call_id\":" + call_id + b",\"session\":" + session + b",\"graph\":" + \
+            graph_json + b",\"aid\":"  # every activation's args but its own
+
+        lit(&text, "{\"traceEvents\":[")
+        put_bytes(&text, lanes_of.metadata_json)
+        lit(&text, ",{\"name\":\"call ")
+        put_escaped(&text, graph if type(graph) is str else f"{graph}")
+        lit(&text, "\",\"cat\":\"call\",\"ts\":0.0,\"dur\":")
+        put_thousandths(&text, max(duration(0, ended), 1))  # (trace._complete: at least 1 ns)
+        put_bytes(&text, lane)
+        lit(&text, "1,\"args\":{")
+        put_bytes(&text, call_fields)
+        lit(&text, "},\"ph\":\"X\"}")
+        for i in range(count):
+            act = &placed[i]
+            aid, role, interface, replica, _, _, sources, frames, reason, input_bytes = activations[act.record]
+            lit(&text, ",{\"name\":\"")
+            put_label(&text, role, interface)
+            lit(&text, "\",\"cat\":\"activation\",\"ts\":")
+            put_thousandths(&text, act.start)
+            lit(&text, ",\"dur\":")
+            put_thousandths(&text, duration(act.start, act.end))
+            put_bytes(&text, lane)
+            put_int(&text, act.tid)
+            lit(&text, ",\"args\":{\"role\":")
+            put_value(&text, role)
+            lit(&text, ",\"interface\":")
+            put_value(&text, interface)
+            lit(&text, ",\"replica\":")
+            put_value(&text, replica)
+            put_bytes(&text, shared)
+            put_value(&text, aid)
+            lit(&text, ",\"inputs\":[")
+            first = True
+            for source, index in sources:
+                if not first:
+                    lit(&text, ",")
+                first = False
+                frame_size = frame_id(frame, source, index)
+                put_frame(&text, frame, frame_size, source, index)
+            lit(&text, "],\"frames\":")
+            put_value(&text, frames)
+            lit(&text, ",\"outcome\":")
+            if reason is None:
+                lit(&text, "\"ok\"")
+            else:
+                put_value(&text, outcome(reason))
+            lit(&text, ",\"input_bytes\":")
+            put_value(&text, input_bytes)
+            lit(&text, "},\"ph\":\"X\"}")
+            for source, index in sources:
+                seen = where.get(source)
+                if seen is None:
+                    continue  # (a producer this trace did not see: none in one call)
+                producer = &placed[<Py_ssize_t>seen]
+                arrows += 1
+                # the arrow leaves the producer while both run (a stream), else as it ends
+                leaves = producer.start if act.start < producer.start else producer.end if act.start > producer.end else act.start
+                frame_size = frame_id(frame, source, index)
+                lit(&text, ",{\"ph\":\"s\"")
+                arrow(&text, arrows, leaves, lane, producer.tid, frame, frame_size, source, index)
+                lit(&text, ",{\"ph\":\"f\"")
+                arrow(&text, arrows, act.start, lane, act.tid, frame, frame_size, source, index)
+        lit(&text, "],\"displayTimeUnit\":\"ms\",\"otherData\":{")
+        put_bytes(&text, call_fields)
+        lit(&text, ",\"process\":")
+        put_bytes(&text, pid)
+        lit(&text, ",\"activations\":")
+        put_int(&text, count)
+        lit(&text, ",\"flowrt_trace\":1}}")
+        return PyBytes_FromStringAndSize(text.data, text.size)
+    finally:
+        free(text.data)
+        free(placed)
+
+
+cdef Py_ssize_t frame_id(char *out, object producer, object index) except -2:
+    """A frame's id as a JSON string, "producer:index", into `out`; -1 where the two are not
+    both machine integers (put_frame then writes it from Python)."""
+    cdef int overflow = 0, overflow_index = 0
+    cdef long long p, i
+    cdef Py_ssize_t size
+    if type(producer) is not int or type(index) is not int:
+        return -1
+    p = PyLong_AsLongLongAndOverflow(producer, &overflow)
+    i = PyLong_AsLongLongAndOverflow(index, &overflow_index)
+    if overflow or overflow_index:
+        return -1
+    out[0] = b'"'
+    size = 1 + format_int(out + 1, p)
+    out[size] = b':'
+    size += 1 + format_int(out + size + 1, i)
+    out[size] = b'"'
+    return size + 1
+
+
+cdef int put_frame(Text *text, const char *frame, Py_ssize_t size, object producer, object index) except -1:
+    if size >= 0:
+        return put(text, frame, size)
+    return put_str(text, f"{producer}:{index}")
+
+
+cdef int arrow(Text *text, Py_ssize_t number, long long at, bytes lane, long long tid, const char *frame,
+               Py_ssize_t frame_size, object producer, object index) except -1:
+    """The rest of one end of a flow arrow, after its `{"ph":"s"` or `{"ph":"f"`."""
+    lit(text, ",\"id\":")
+    put_int(text, number)
+    lit(text, ",\"ts\":")
+    put_thousandths(text, at)
+    put_bytes(text, lane)
+    put_int(text, tid)
+    lit(text, ",\"args\":{\"frame\":")
+    put_frame(text, frame, frame_size, producer, index)
+    return lit(text, "},\"name\":\"frame\",\"cat\":\"frame\",\"bp\":\"e\"}")
+
+
+cdef int sort_by_start(list activations, Placed *placed, Py_ssize_t count) except -1:
+    """`placed` as the records sorted by start, then aid (trace.START_THEN_AID): an insertion
+    sort, as a call's activations mostly end in the order they started."""
+    cdef Py_ssize_t i, j
+    cdef Placed entry
+    for i in range(count):
+        record = activations[i]
+        entry = Placed(i, record[4], record[0], 0, 0, 0)
+        j = i
+        while j > 0 and (placed[j - 1].start_s > entry.start_s or
+                         (placed[j - 1].start_s == entry.start_s and placed[j - 1].aid > entry.aid)):
+            placed[j] = placed[j - 1]
+            j -= 1
+        placed[j] = entry
+    return 0
+
+
+cdef list lanes(list activations, Placed *placed, Py_ssize_t count):
+    """tracelayout.lanes over the records in `placed` order."""
+    cdef list names = []
+    cdef dict free_at = {}  # replica -> when each of its lanes is free again
+    cdef Py_ssize_t index = 0, i
+    for i in range(count):
+        record = activations[placed[i].record]
+        role, replica = record[1], record[3]
+        name = REPLICA_NAMES.get((role, replica))
+        if name is None:
+            name = replica_name(role, replica)
+        start, end = record[4], record[5]
+        ends = free_at.get(name)
+        if ends is None:
+            free_at[name] = [end]
+            names.append(name)
+            continue
+        for index in range(len(ends) + 1):
+            if index == len(ends):
+                ends.append(end)
+                break
+            if ends[index] <= start:
+                ends[index] = end
+                break
+        names.append(name if index == 0 else f"{name} ({index + 1})")
+    return names
+
+
+cdef dict ORDERED_LAYOUTS = {}  # (process, pid, the lanes in the order of the records) -> its Layout
+
+
+cdef object lane_layout(object process, object pid, list names):
+    """tracelayout.layout, by the lanes as a tuple, which is cheaper to make and hash than a set."""
+    key = (process, pid, tuple(names))
+    made = ORDERED_LAYOUTS.get(key)
+    if made is None:
+        if len(ORDERED_LAYOUTS) >= 4096:
+            ORDERED_LAYOUTS.clear()
+        made = ORDERED_LAYOUTS[key] = layout(process, pid, frozenset(names))
+    return made
+
+
+cdef inline int put_bytes(Text *text, bytes chunk) except -1:
+    return put(text, PyBytes_AS_STRING(chunk), PyBytes_GET_SIZE(chunk))
+
+
+cdef int put_label(Text *text, object role, object interface) except -1:
+    """tracelayout.label between quotes: `role.interface`."""
+    if type(role) is str and type(interface) is str:
+        put_escaped(text, role)
+        lit(text, ".")
+        return put_escaped(text, interface)
+    return put_escaped(text, f"{role}.{interface}")
