@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import shutil
+from array import array
 from types import SimpleNamespace
 
 import msgspec
@@ -20,7 +21,6 @@ from flowrt.extensions import TRACE_WRITER
 from flowrt.observe import Observer, trace
 from tests.observe.helpers import REQUEST, RUNS, activations, check_trace
 
-np = pytest.importorskip("numpy")
 C = trace._native
 needs_c = pytest.mark.skipif(C is None, reason=f"the C trace writer is not in use: {trace.BACKEND}")
 
@@ -86,10 +86,15 @@ class Sized:
         self.nbytes = nbytes
 
 
+class NumpyLike(Sized):
+    """What payload counting reads of a tensor or an array: `nbytes`."""
+
+
 leaves = st.one_of(
     st.text(max_size=3), st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False), st.binary(max_size=64),
     st.binary(max_size=64).map(bytearray), st.binary(max_size=64).map(memoryview),
-    st.integers(0, 16).map(lambda n: np.zeros(n, dtype=np.float32)), st.binary(max_size=32).map(lambda b: Clip(b, 16000)),
+    st.integers(0, 16).map(lambda n: array("d", bytes(8 * n))),  # (no `nbytes`: 0 both ways)
+    st.binary(max_size=32).map(lambda b: Clip(b, 16000)), st.integers(0, 16).map(lambda n: NumpyLike(4 * n)),
     st.just(Clip), st.integers(0, 1000).map(Sized), st.sampled_from([Sized(True), Sized("many"), Sized(None)]),
     st.tuples(st.binary(max_size=8)), st.dictionaries(st.text(max_size=2), st.binary(max_size=8), max_size=2),
 )  # fmt: skip
