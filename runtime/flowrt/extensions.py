@@ -65,7 +65,7 @@ class Extension:
             warnings.warn(
                 f"flowrt: the compiled {self.purpose} ({self.module}) is older than its sources "
                 f"({', '.join(self.sources)}: one changed since it was built); running {self.fallback} "
-                "instead, which is slower. Rebuild it with `make install` or `pip install -e .`",
+                "instead, which is slower. Rebuild it with `make core`, `make install` or `pip install -e .`",
                 RuntimeWarning,
                 stacklevel=4,
             )

@@ -109,3 +109,18 @@ def test_what_cannot_be_drawn_gets_a_clear_error(trace_file, tmp_path, content, 
         source.write_text(content)
     result = flowc_trace(str(source), "-o", str(tmp_path / output))
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_session_shows_as_its_text_with_control_characters_escaped(trace_file):
+    from flowrt.observe.picture import html, svg
+
+    trace = json.loads(trace_file.read_text())
+    odd = "🐱 日\x00\x1f"
+    trace["otherData"]["session"] = odd
+    for event in trace["traceEvents"]:
+        if event["ph"] == "X":
+            event["args"]["session"] = odd
+    page, picture = html(trace), svg(trace)
+    assert "session: 🐱 日\\x00\\x1f" in page and "\x00" not in page and "\x1f" not in page
+    ElementTree.fromstring(picture)  # still XML
+    assert "session: &quot;🐱 日\\u0000\\u001f&quot;" in picture and "\\ud83d" not in picture

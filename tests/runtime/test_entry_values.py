@@ -121,6 +121,19 @@ def test_a_timeout_that_would_hang_or_cancel_at_once_is_refused(tmp_path, timeou
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("session", [12, b"s1", ["s"]])
+def test_a_session_that_is_not_a_str_is_refused_before_the_call_runs(tmp_path, session):
+    async def main():
+        runtime = await open_runtime(TYPED, tmp_path, {"probe": Probe()})
+        with pytest.raises(BadInputs, match=r"session must be a str .* not "):
+            await collect(runtime, "g", GOOD, session=session)
+        assert [e["event"] for e in await collect(runtime, "g", GOOD, session=str(session))][-1] == "done"
+        assert runtime.statistics()["calls"] == 0  # (the refused call left nothing behind)
+        await runtime.close()
+
+    asyncio.run(main())
+
+
 BURST = """
 placeholder start: Json
 

@@ -208,7 +208,7 @@ class Runtime:
         observer: Any = None,
     ) -> AsyncIterator[dict]:
         """Call a graph; yields its events (stream, return, done) as dicts. Bad inputs raise
-        UnknownGraph, BadInputs or BadTimeout at the first step. `observer` (flowrt.observe)
+        UnknownGraph, BadInputs (a session that is not a str too) or BadTimeout at the first step. `observer` (flowrt.observe)
         hears of this call instead of the runtime's `observer`."""
         program, inputs, deadline = self._prepare(graph, inputs, timeout)
         call, watchdog, anonymous = await self._admit(program, inputs, session, deadline, observer)
@@ -280,7 +280,12 @@ class Runtime:
         self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None, observer: Any = None
     ) -> tuple[Call, asyncio.TimerHandle | None, bool]:
         """Wait for the session's turn; the call (not started), its watchdog, and whether its
-        session is its own."""
+        session is its own. A session that is not a str is BadInputs."""
+        if session is not None and type(session) is not str:
+            raise BadInputs(
+                f"graph `{program.name}`: session must be a str (or None: a session of the call's own), "
+                f"not {type(session).__name__} {session!r:.60}; pass str(session) to use it as one"
+            )
         call_id = next(self.call_ids)
         if session is None:
             session = f"call-{call_id}"  # its own session: no later call can share its globals

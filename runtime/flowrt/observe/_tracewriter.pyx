@@ -23,7 +23,7 @@ import msgspec
 
 from flowrt.observe import tracelayout
 from flowrt.observe.hooks import outcome
-from flowrt.observe.tracelayout import NO_PAYLOAD, layout, replica_name
+from flowrt.observe.tracelayout import NO_PAYLOAD, layout, printable_trace, replica_name
 
 
 cdef extern from *:
@@ -274,7 +274,15 @@ cdef struct Placed:
 
 
 def chrome_trace_json(trace):
-    """trace.chrome_trace_json in C: the JSON text of `trace`'s call."""
+    """trace.chrome_trace_json in C: the JSON text of `trace`'s call (written with its strs
+    `printable` where UTF-8 cannot encode one, as there)."""
+    try:
+        return write(trace)
+    except UnicodeEncodeError:
+        return write(printable_trace(trace))
+
+
+cdef bytes write(trace):
     cdef Text text = Text(NULL, 0, 0)
     cdef list activations = trace.activations
     cdef Py_ssize_t count = len(activations), i, arrows = 0

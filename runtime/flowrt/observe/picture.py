@@ -172,7 +172,9 @@ def _bar(bar: dict, x: Any, top: float, colours: dict) -> str:
     left, width = x(bar["ts"]), max(bar["dur"] * (x(1.0) - x(0.0)), 1.5)
     fill = CALL_COLOUR if bar.get("cat") == "call" else colours.get(str(args.get("role")), PALETTE[0])
     stroke = f' stroke="{ERROR_COLOUR}" stroke-width="2"' if args.get("outcome") not in (None, "ok") else ""
-    details = [f"{name}: {bar['dur'] / 1000:.3f} ms"] + [f"{k}: {json.dumps(v)}" for k, v in sorted(args.items())]
+    details = [f"{name}: {bar['dur'] / 1000:.3f} ms"] + [
+        f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in sorted(args.items())
+    ]
     label = (
         f'<text x="{left + 3:.1f}" y="{top + LANE / 2 + 4:.1f}" fill="#111">{escape(name)}</text>'
         if width > 7 * len(name)
@@ -243,11 +245,11 @@ def html(trace: dict) -> str:
             ", ".join(map(str, args.get("inputs") or [])),
             args.get("outcome"),
         )
-        rows.append("<tr>" + "".join(f"<td>{escape(str(c if c is not None else ''))}</td>" for c in cells) + "</tr>")
+        rows.append("<tr>" + "".join(f"<td>{escape(_visible(c if c is not None else ''))}</td>" for c in cells) + "</tr>")
     head = "".join(
         f"<th>{h}</th>" for h in ("activation", "replica", "start (ms)", "duration (ms)", "frames", "inputs", "outcome")
     )
-    summary = ", ".join(f"{k}: {escape(str(other[k]))}" for k in ("status", "session", "activations") if k in other)
+    summary = ", ".join(f"{k}: {escape(_visible(other[k]))}" for k in ("status", "session", "activations") if k in other)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>'
         + escape(title)
@@ -259,3 +261,10 @@ def html(trace: dict) -> str:
         + "\n".join(rows)
         + "\n</table></body></html>\n"
     )
+
+
+def _visible(value: Any) -> str:
+    """A value as the page shows it: its text, with control characters (which HTML cannot
+    show, NUL among them) written as escapes."""
+    text = str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -27,7 +27,15 @@ import msgspec
 
 from flowrt.extensions import TRACE_WRITER
 from flowrt.observe.hooks import Observer, now, outcome
-from flowrt.observe.tracelayout import CALLER_LANE, START_THEN_AID, label, lanes, layout, payload_bytes
+from flowrt.observe.tracelayout import (
+    CALLER_LANE,
+    START_THEN_AID,
+    label,
+    lanes,
+    layout,
+    payload_bytes,
+    printable_trace,
+)
 
 __all__ = ["BACKEND", "CALLER_LANE", "RECORD", "CallTrace", "Recorder", "chrome_trace_json"]
 
@@ -99,7 +107,16 @@ class CallTrace(_Recorder, Observer):
 
 
 def chrome_trace_json(trace: CallTrace) -> bytes:
-    """A trace's JSON text, in Python: the specification of `_tracewriter.chrome_trace_json`."""
+    """A trace's JSON text, in Python: the specification of `_tracewriter.chrome_trace_json`.
+    Where UTF-8 cannot encode a str of it (a session holding undecodable bytes), the trace is
+    written with that str `printable`."""
+    try:
+        return _write_python(trace)
+    except UnicodeEncodeError:
+        return _write_python(printable_trace(trace))
+
+
+def _write_python(trace: CallTrace) -> bytes:
     pid, call_id, session, graph, origin = trace.pid, trace.call_id, trace.session, trace.graph, trace.started
     records = sorted(trace.activations, key=START_THEN_AID)
     placed = lanes(records)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -15,6 +16,23 @@ import msgspec
 CALLER_LANE = "call"
 START_THEN_AID = operator.itemgetter(4, 0)  # a record's start, then its aid (flowrt.observe.trace.RECORD)
 NO_PAYLOAD = frozenset({str, int, float, bool, type(None), dict, tuple})  # values that carry no tensor or bytes
+
+
+def printable(value: Any) -> Any:
+    """A str as a trace can carry it: characters UTF-8 cannot encode (lone surrogates, which is
+    what undecodable bytes in a header or a command-line argument become) as their escape, so
+    `a\udcffb` reads `a\\udcffb`; anything else as it is."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(value, str) else value
+
+
+def printable_trace(trace: Any) -> SimpleNamespace:
+    """A trace's fields with every str among them `printable`: what both writers write instead
+    when UTF-8 cannot encode one (a session, say), rather than failing the call's answer."""
+    return SimpleNamespace(
+        process=printable(trace.process), pid=trace.pid, call_id=printable(trace.call_id), graph=printable(trace.graph),
+        session=printable(trace.session), status=printable(trace.status), started=trace.started, ended=trace.ended,
+        activations=[(r[0], printable(r[1]), printable(r[2]), *r[3:]) for r in trace.activations],
+    )  # fmt: skip
 
 
 def payload_bytes(inputs: dict) -> int:
@@ -118,10 +136,15 @@ def label(role: str, interface: str) -> str:
 
 
 def _lane_order(name: str) -> tuple:
-    """Lanes by role, then replica number, then overflow lane."""
-    replica, _, extra = name.partition(" (")
-    role, _, number = replica.rpartition("#")
-    return (role, int(number) if number.isdigit() else 1 << 30, int(extra.rstrip(")") or 1))
+    """Lanes by role, then replica number, then overflow lane (read back off `lanes`' names;
+    any name sorts, whatever its role is called)."""
+    base, paren, extra = name.rpartition(" (")
+    if paren and extra.endswith(")") and extra[:-1].isdecimal():
+        overflow = int(extra[:-1])
+    else:
+        base, overflow = name, 1
+    role, _, number = base.rpartition("#")
+    return (role, int(number) if number.isdecimal() else 1 << 30, overflow)
 
 
 # names and layouts made once, by what they are made of; bounded, as a call's roles and replicas
