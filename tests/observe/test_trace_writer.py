@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
+import random
 import shutil
+import threading
 from array import array
 from types import SimpleNamespace
 
@@ -57,7 +60,7 @@ def traces(draw) -> SimpleNamespace:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces())
 def test_the_c_writer_writes_the_very_text_of_the_python_one(call):
-    written = C.chrome_trace_json(call)
+    written = C.write_only(call)  # (not handed over to the Python writer)
     assert written == trace.chrome_trace_json(call)
     assert msgspec.json.decode(written)["otherData"]["activations"] == len(call.activations)
 
@@ -71,6 +74,52 @@ def test_a_str_utf8_cannot_encode_is_written_escaped_alike(session):
     assert msgspec.json.decode(written)["otherData"]["session"] == session.encode("utf-8", "backslashreplace").decode()
     if C is not None:
         assert C.chrome_trace_json(call) == written
+
+
+@needs_c
+def test_a_long_trace_in_any_order_is_sorted_alike():
+    rng = random.Random(7)
+    records = [(aid, f"r{aid % 5}", "m", aid % 3, rng.uniform(0, 50), 0.0, ((rng.randrange(aid), 0),), 1, None, 0)
+               for aid in range(1, 2001)]  # fmt: skip
+    records = [(*r[:5], r[4] + rng.uniform(0, 5), *r[6:]) for r in records]
+    for order in (records, records[::-1], rng.sample(records, len(records))):
+        call = SimpleNamespace(process="p", pid=1, call_id=1, graph="g", session="s", status="ok", started=0.0,
+                               ended=60.0, activations=order)  # fmt: skip
+        assert C.write_only(call) == trace.chrome_trace_json(call)
+
+
+def odd(**changes) -> SimpleNamespace:
+    """A trace of three activations, with `changes` (of the trace, or `records`)."""
+    records = changes.pop("records", None) or [
+        (1, "r", "m", 0, 0.1, 0.2, ((0, 0),), 1, None, 0), (2, "r", "m", 1, 0.15, 0.3, ((1, 0),), 1, None, 0),
+        (3, "s", "m", 0, 0.3, 0.4, ((1, 0), (2, 0)), 0, Reason.ERROR, 5),
+    ]  # fmt: skip
+    fields = dict(process="p", pid=1, call_id=1, graph="g", session="s", status="ok", started=0.0, ended=1.0)
+    return SimpleNamespace(**{**fields, **changes, "activations": records})
+
+
+@needs_c
+@pytest.mark.parametrize(
+    "call",
+    [
+        odd(ended=math.inf), odd(started=math.nan), odd(ended=1e30),
+        odd(records=[(2**70, "r", "m", 0, 0.1, 0.2, (), 1, None, 0)]), odd(records=[(None, "r", "m", 0, 0.1, 0.2, (), 1, None, 0)]),
+        odd(records=[(1, "r", "m", 0, 0.1, 0.2, (), 1, None, 0), (1, "r", "m", 0, 0.3, 0.4, ((1, 0),), 1, None, 0)]),
+        odd(records=[(0, "r", "m", 0, 0.1, 0.2, ((0, 0),), 1, None, 0)]), odd(records=[(1.5, "r", "m", 0, 0.1, 0.2, ((1, 0),), 1, None, 0)]),
+        odd(records=[(1, "r", "m", 0, 0.1, 0.2, [(0, 0)], 1, None, 0)]), odd(records=[(1, "r", "m", 0, math.nan, 0.2, (), 1, None, 0)]),
+    ],
+    ids=["inf end", "nan start", "far end", "huge aid", "no aid", "one aid twice", "aid 0", "float aid", "list sources", "nan"],
+)  # fmt: skip
+def test_what_the_c_writer_cannot_write_exactly_the_python_one_writes(call):
+    with pytest.raises((C.Unwritable, TypeError, ValueError, OverflowError)):
+        C.write_only(call)
+    try:
+        expected = trace.chrome_trace_json(call)
+    except (TypeError, ValueError, OverflowError) as error:
+        with pytest.raises(type(error)):
+            C.chrome_trace_json(call)
+    else:
+        assert C.chrome_trace_json(call) == expected
 
 
 # -- any activation: the same record --------------------------------------------------------------
@@ -202,3 +251,51 @@ def test_a_stale_or_missing_trace_writer_falls_back_to_python(tmp_path, monkeypa
 def test_the_installed_trace_writer_was_built_from_these_sources():
     assert TRACE_WRITER.source_digest() == C.SOURCE_DIGEST
     assert issubclass(trace.CallTrace, C.Recorder)
+
+
+class Sparse:
+    """A value that cannot say its size, as a torch sparse tensor's `nbytes` raises (image_chat's
+    roles read two numbers off it)."""
+
+    def __getitem__(self, index):
+        return 8.0
+
+    def __len__(self):
+        return 2
+
+    @property
+    def nbytes(self):
+        raise RuntimeError("nbytes is not defined for sparse tensors")
+
+
+class SparseVit:
+    """image_chat's vit, answering with a Sparse."""
+
+    async def encode(self, ctx, image_seg):
+        return {"vit_emb": Sparse()}
+
+
+def test_a_traced_call_whose_inputs_cannot_say_their_size_still_ends(tmp_path):
+    from flowrt.control import Runtime
+    from tests.observe.helpers import build_image_chat
+
+    async def scenario() -> tuple[list, trace.CallTrace]:
+        runtime = await Runtime.open(build_image_chat(tmp_path), instances={"vit": [SparseVit()]})
+        traced = trace.CallTrace()
+        try:
+            events = [e async for e in runtime.call("chat", REQUEST, observer=traced, timeout=30)]
+        finally:
+            await runtime.close()
+        return events, traced
+
+    finished: list = []  # (in a thread of its own: such a call used to hang its loop past any timeout)
+    runner = threading.Thread(target=lambda: finished.append(asyncio.run(scenario())), daemon=True)
+    runner.start()
+    runner.join(60)
+    assert finished, "the traced call did not end within 60 s"
+    events, traced = finished[0]
+    assert events[-1]["event"] == "done" and events[-1]["status"] == "ok", events[-1]
+    value = traced.chrome_trace()
+    check_trace(value, RUNS["request"])
+    assert any(e["args"]["inputs"] and e["name"] == "llm.generate" for e in activations(value))
+    assert trace.payload_bytes({"view": memoryview(bytes(12)).cast("I", (3,))}) == 12  # (bytes, not items)

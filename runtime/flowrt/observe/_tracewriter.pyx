@@ -23,7 +23,7 @@ import msgspec
 
 from flowrt.observe import tracelayout
 from flowrt.observe.hooks import outcome
-from flowrt.observe.tracelayout import NO_PAYLOAD, layout, printable_trace, replica_name
+from flowrt.observe.tracelayout import MAX_BYTES, NO_PAYLOAD, layout, replica_name
 
 
 cdef extern from *:
@@ -91,27 +91,33 @@ cdef class Recorder:
 
 
 cdef object payload_bytes(object inputs):
-    """tracelayout.payload_bytes in C."""
+    """tracelayout.payload_bytes in C (never raising)."""
     total = 0
-    for value in inputs.values():
-        if type(value) not in NO_PAYLOAD_TYPES:
-            for item in value if isinstance(value, list) else (value,):
-                if type(item) in NO_PAYLOAD_TYPES:
-                    continue  # (no bytes, and not a dataclass: a list of token ids, say)
-                total += item_bytes(item)
-                if hasattr(type(item), "__dataclass_fields__") and not isinstance(item, type):  # is_dataclass
-                    for field in FIELDS(item):
-                        total += item_bytes(getattr(item, field.name))
+    try:
+        for value in inputs.values():
+            if type(value) not in NO_PAYLOAD_TYPES:
+                for item in value if isinstance(value, list) else (value,):
+                    if type(item) in NO_PAYLOAD_TYPES:
+                        continue  # (no bytes, and not a dataclass: a list of token ids, say)
+                    total += item_bytes(item)
+                    if hasattr(type(item), "__dataclass_fields__") and not isinstance(item, type):  # is_dataclass
+                        for field in FIELDS(item):
+                            total += item_bytes(getattr(item, field.name, None))
+    except Exception:
+        pass
     return total
 
 
 cdef object item_bytes(object item):
-    if isinstance(item, (bytes, bytearray, memoryview)):
-        return len(item)
-    if type(item) in NO_PAYLOAD_TYPES:
+    try:
+        if isinstance(item, (bytes, bytearray)):
+            return len(item)
+        if type(item) in NO_PAYLOAD_TYPES:
+            return 0
+        nbytes = item.nbytes if isinstance(item, memoryview) else getattr(item, "nbytes", None)
+    except Exception:
         return 0
-    nbytes = getattr(item, "nbytes", None)
-    return nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) else 0
+    return nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) and 0 <= nbytes < MAX_BYTES else 0
 
 
 # ── the text ──
@@ -251,16 +257,30 @@ cdef int put_value(Text *text, object value) except -1:
     return put(text, PyBytes_AS_STRING(encoded), PyBytes_GET_SIZE(encoded))
 
 
-cdef inline long long nanoseconds(double seconds, double origin):
-    """trace._us: a time as whole nanoseconds since the call started."""
-    return <long long>((seconds - origin) * 1e9)
+class Unwritable(Exception):
+    """A trace this writer does not write exactly as trace.chrome_trace_json does; that
+    function writes it instead (`chrome_trace_json`)."""
 
 
-cdef inline long long duration(long long start, long long end):
+cdef double LIMIT = 9e18  # (whole nanoseconds or thousandths of a µs a long long holds, and then some room)
+
+
+cdef inline long long nanoseconds(double seconds, double origin) except? -1:
+    """trace._us: a time as whole nanoseconds since the call started (a time that is not
+    finite, or centuries away, is Unwritable: a C cast of it would be undefined)."""
+    cdef double offset = (seconds - origin) * 1e9
+    if not (-LIMIT < offset < LIMIT):
+        raise Unwritable()
+    return <long long>offset
+
+
+cdef inline long long duration(long long start, long long end) except? -1:
     """A duration in thousandths of a µs, rounded as trace.chrome_trace_json rounds it (from
     the two times in µs); never zero (zero would hide it)."""
-    cdef long long rounded = <long long>((end / 1e3 - start / 1e3) * 1e3 + 0.5)
-    return rounded if rounded != 0 else 1
+    cdef double rounded = (end / 1e3 - start / 1e3) * 1e3 + 0.5
+    if not (-LIMIT < rounded < LIMIT):
+        raise Unwritable()
+    return <long long>rounded if <long long>rounded != 0 else 1
 
 
 cdef enum:
@@ -274,12 +294,22 @@ cdef struct Placed:
 
 
 def chrome_trace_json(trace):
-    """trace.chrome_trace_json in C: the JSON text of `trace`'s call (written with its strs
-    `printable` where UTF-8 cannot encode one, as there)."""
+    """trace.chrome_trace_json in C: the JSON text of `trace`'s call. What this writer does
+    not write exactly as that function does, that function writes: a str UTF-8 cannot encode,
+    a time that is not finite, aids that are not distinct ints, records that are not tuples of
+    ten (none of which a call's trace has)."""
     try:
         return write(trace)
-    except UnicodeEncodeError:
-        return write(printable_trace(trace))
+    except (Unwritable, TypeError, ValueError, OverflowError):
+        from flowrt.observe.trace import chrome_trace_json as specification
+
+        return specification(trace)
+
+
+def write_only(trace):
+    """`chrome_trace_json` without handing anything over: Unwritable (or the error) instead.
+    The tests hold it to the specification."""
+    return write(trace)
 
 
 cdef bytes write(trace):
@@ -307,6 +337,8 @@ cdef bytes write(trace):
             act.start = nanoseconds(record[4], origin)
             act.end = nanoseconds(record[5], origin)
             act.tid = tids[names[i]]
+            if act.aid in where:
+                raise Unwritable()  # (two activations with one aid)
             where[act.aid] = i
         placed[count] = Placed(-1, 0.0, 0, 0, ended, 1)
         where[0] = count
@@ -332,6 +364,8 @@ cdef bytes write(trace):
         for i in range(count):
             act = &placed[i]
             aid, role, interface, replica, _, _, sources, frames, reason, input_bytes = activations[act.record]
+            if type(sources) is not tuple:
+                raise Unwritable()  # (the core's are; the specification reads any iterable once)
             lit(&text, ",{\"name\":\"")
             put_label(&text, role, interface)
             lit(&text, "\",\"cat\":\"activation\",\"ts\":")
@@ -434,18 +468,33 @@ cdef int arrow(Text *text, Py_ssize_t number, long long at, bytes lane, long lon
 
 cdef int sort_by_start(list activations, Placed *placed, Py_ssize_t count) except -1:
     """`placed` as the records sorted by start, then aid (trace.START_THEN_AID): an insertion
-    sort, as a call's activations mostly end in the order they started."""
+    sort, as a call's activations mostly end in the order they started; Python's sort past a
+    few dozen (an insertion sort's worst case is quadratic)."""
     cdef Py_ssize_t i, j
     cdef Placed entry
     for i in range(count):
         record = activations[i]
+        if type(record) is not tuple or len(<tuple>record) != 10 or type(record[0]) is not int or record[0] == 0:
+            raise Unwritable()  # (not a record; or an aid the writer would not tell from another's, or the caller's 0)
         entry = Placed(i, record[4], record[0], 0, 0, 0)
         j = i
+        if count > 48:
+            placed[i] = entry
+            continue
         while j > 0 and (placed[j - 1].start_s > entry.start_s or
                          (placed[j - 1].start_s == entry.start_s and placed[j - 1].aid > entry.aid)):
             placed[j] = placed[j - 1]
             j -= 1
         placed[j] = entry
+    if count > 48:
+        keyed = sorted([(placed[i].start_s, placed[i].aid, i) for i in range(count)])
+        unsorted = <Placed *>malloc(count * sizeof(Placed))
+        if unsorted == NULL:
+            raise MemoryError()
+        memcpy(unsorted, placed, count * sizeof(Placed))
+        for j in range(count):
+            placed[j] = unsorted[<Py_ssize_t>keyed[j][2]]
+        free(unsorted)
     return 0
 
 
@@ -477,12 +526,12 @@ cdef list lanes(list activations, Placed *placed, Py_ssize_t count):
     return names
 
 
-cdef dict ORDERED_LAYOUTS = {}  # (process, pid, the lanes in the order of the records) -> its Layout
+cdef dict ORDERED_LAYOUTS = {}  # (process, pid, the lanes in the order they first appear) -> its Layout
 
 
 cdef object lane_layout(object process, object pid, list names):
     """tracelayout.layout, by the lanes as a tuple, which is cheaper to make and hash than a set."""
-    key = (process, pid, tuple(names))
+    key = (process, pid, tuple(dict.fromkeys(names)))  # (each lane once: as many keys as orders of a few lanes)
     made = ORDERED_LAYOUTS.get(key)
     if made is None:
         if len(ORDERED_LAYOUTS) >= 4096:

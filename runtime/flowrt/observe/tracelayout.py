@@ -38,11 +38,15 @@ def printable_trace(trace: Any) -> SimpleNamespace:
 def payload_bytes(inputs: dict) -> int:
     """The bytes of the tensors and byte strings among an activation's inputs (a list's items
     and a dataclass's fields counted too: an audio clip's samples, say): what a deployment that
-    copies frames moves; in process nothing is copied."""
+    copies frames moves; in process nothing is copied. It never raises (it runs in a hook): what
+    cannot say its size (a released memoryview, a sparse tensor) counts 0."""
     total = 0
-    for value in inputs.values():
-        if type(value) not in NO_PAYLOAD:  # (most inputs are small values: one set lookup)
-            total += value_bytes(value)
+    try:
+        for value in inputs.values():
+            if type(value) not in NO_PAYLOAD:  # (most inputs are small values: one set lookup)
+                total += value_bytes(value)
+    except Exception:  # noqa: BLE001 - inputs that cannot be read: what was counted so far
+        pass
     return total
 
 
@@ -52,17 +56,23 @@ def value_bytes(value: Any) -> int:
     for item in value if isinstance(value, list) else (value,):
         total += _item_bytes(item)
         if dataclasses.is_dataclass(item) and not isinstance(item, type):
-            total += sum(_item_bytes(getattr(item, field.name)) for field in dataclasses.fields(item))
+            total += sum(_item_bytes(getattr(item, field.name, None)) for field in dataclasses.fields(item))
     return total
 
 
 def _item_bytes(item: Any) -> int:
-    if isinstance(item, (bytes, bytearray, memoryview)):
-        return len(item)
-    if type(item) in NO_PAYLOAD:
+    try:
+        if isinstance(item, (bytes, bytearray)):
+            return len(item)
+        if type(item) in NO_PAYLOAD:
+            return 0
+        nbytes = item.nbytes if isinstance(item, memoryview) else getattr(item, "nbytes", None)
+    except Exception:  # noqa: BLE001 - a size it cannot tell (a released memoryview, a sparse tensor)
         return 0
-    nbytes = getattr(item, "nbytes", None)
-    return nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) else 0
+    return nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) and 0 <= nbytes < MAX_BYTES else 0
+
+
+MAX_BYTES = 1 << 62  # a size past this is not one (an object's own `nbytes` saying so is not believed)
 
 
 def lanes(records: list[tuple]) -> list[str]:
