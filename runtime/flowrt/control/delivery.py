@@ -109,7 +109,7 @@ class Delivery:
         self.sending: tuple | None = ()
         self.sending_from = 0
         self.sending_index = 0
-        self.arrivals: dict = {}  # observing: per open bucket or join, the ids of the frames per slot or field
+        self.arrivals: dict = {}  # observing: per open bucket, the ids of the frames per slot (a join keeps its own)
 
     def _sent(self) -> tuple:
         """The ids of the frame being dispatched (observing): made on first use, as most frames

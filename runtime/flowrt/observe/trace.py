@@ -15,7 +15,8 @@ A traced call pays for its trace as it runs and at its end, so both halves have 
 implementation (flowrt.observe._tracewriter, built as flowrt.extensions.TRACE_WRITER says):
 recording an activation as it ends (`Recorder`) and writing the text. This module's Python is
 their specification, and runs where the extension cannot (`BACKEND` says which runs); the
-tests hold the two to the same JSON. tracelayout has what both share: lanes, names, payload.
+tests hold the two to the same bytes, and the C writer hands this one what it would not write
+exactly (times that are not finite, say). tracelayout has what both share: lanes, names, payload.
 """
 
 from __future__ import annotations
