@@ -101,12 +101,11 @@ def lanes(records: list[tuple]) -> list[str]:
 
 
 class Layout(msgspec.Struct, frozen=True):
-    """The lanes of a trace: their thread ids (the caller's first, then by `_lane_order`), the
-    metadata events naming the process and its lanes, and those events as JSON text (comma
-    separated, no brackets)."""
+    """The lanes of a trace: their thread ids (the caller's first, then by `_lane_order`) and
+    the metadata events naming the process and its lanes, as JSON text (comma separated, no
+    brackets)."""
 
     tids: dict[str, int]
-    metadata: tuple[dict, ...]
     metadata_json: bytes
 
 
@@ -125,7 +124,7 @@ def layout(process: str, pid: int, names: frozenset[str]) -> Layout:
         metadata.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         metadata.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
     text = b",".join(msgspec.json.encode(event) for event in metadata)
-    return _remember(_LAYOUTS, key, Layout(tids, tuple(metadata), text))
+    return _remember(_LAYOUTS, key, Layout(tids, text))
 
 
 def replica_name(role: str, replica: int) -> str:
