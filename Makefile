@@ -10,7 +10,7 @@ NODE_STAMP := $(EDITOR)/node_modules/.installed-stamp
 CORE_PXD := $(wildcard runtime/flowrt/control/*.pxd)
 CORE_SOURCES := $(CORE_PXD) $(CORE_PXD:.pxd=.py) runtime/flowrt/control/native.py setup.py \
 	$(wildcard runtime/flowrt/compute/_pagehash.pyx runtime/flowrt/compute/*.h) runtime/flowrt/compute/native.py \
-	runtime/flowrt/observe/_tracewriter.pyx runtime/flowrt/extensions.py
+	runtime/flowrt/observe/_tracewriter.pyx runtime/flowrt/observe/_tracetext.h runtime/flowrt/extensions.py
 CORE_STAMP := $(VENV)/.core-stamp
 # Python 3.12+ starts activations as eager tasks (docs/runtime.md); where one is installed,
 # `make test` runs the runtime suites under it too, so both launch paths are tested

@@ -92,7 +92,7 @@ PAGE_HASHING = Extension(
 )
 TRACE_WRITER = Extension(
     "flowrt.observe._tracewriter",
-    ("_tracewriter.pyx",),
+    ("_tracewriter.pyx", "_tracetext.h"),
     purpose="trace recorder and writer",
     fallback="Python",
 )

@@ -87,10 +87,54 @@ def test_a_second_server_over_one_runtime_counts_each_call_once(bundle):
             observers = getattr(runtime.observer, "observers", (runtime.observer,))
             assert sum(isinstance(o, Metrics) for o in observers) == 1
             assert sum(isinstance(o, CallsInFlight) for o in observers) == 1
-            async for _ in runtime.call("chat", {"request": REQUEST}):
+            async for _ in runtime.call("chat", REQUEST):
                 pass
             assert first[METRICS].graphs["chat"].started == 1
         finally:
             await runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_the_core_counts_every_call_and_times_the_observed_ones(bundle):
+    """Calls are counted by the control core from the runtime's start (a call made before
+    Metrics was installed too); only calls with an observer are timed into the histograms
+    Metrics installed, and only a call that emitted an output has a time to its first one."""
+    import asyncio
+
+    from flowrt.control import Runtime
+    from flowrt.observe import Metrics
+
+    def parsed(metrics: Metrics) -> dict:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(metrics.exposition().decode())
+            for sample in family.samples
+        }
+
+    async def scenario():
+        runtime = await Runtime.open(bundle)
+        try:
+            async for _ in runtime.call("chat", REQUEST):  # unobserved
+                pass
+            metrics = runtime.observer = Metrics()
+            outputs = 0
+            for inputs in (REQUEST, BROKEN_IMAGE):
+                events = [event async for event in runtime.call("chat", inputs)]
+                outputs += any(event["event"] in ("stream", "return") for event in events)
+            runtime.observer = None
+            async for _ in runtime.call("chat", REQUEST):  # unobserved again
+                pass
+            return parsed(metrics), outputs
+        finally:
+            await runtime.close()
+
+    samples, outputs = asyncio.run(scenario())
+    chat = (("graph", "chat"),)
+    calls = {dict(labels)["status"]: value for (name, labels), value in samples.items() if name == "flowrt_calls_total"}
+    assert sum(calls.values()) == 4 and calls["ok"] == 3  # every call, observed or not
+    assert samples[("flowrt_calls_in_flight", chat)] == 0
+    assert samples[("flowrt_call_duration_seconds_count", chat)] == 2  # the two observed calls only
+    assert 0 < samples[("flowrt_call_duration_seconds_sum", chat)] < 60
+    assert samples[("flowrt_first_frame_seconds_count", chat)] == outputs >= 1  # observed calls that emitted an output
+    assert samples[("flowrt_first_frame_seconds_sum", chat)] <= samples[("flowrt_call_duration_seconds_sum", chat)]

@@ -88,6 +88,23 @@ def test_a_long_trace_in_any_order_is_sorted_alike():
         assert C.write_only(call) == trace.chrome_trace_json(call)
 
 
+@needs_c
+@pytest.mark.parametrize("count", [47, 48, 49])  # (the C writer lays out and sorts up to 48 itself; past that, Python does)
+def test_crowded_lanes_on_either_side_of_the_c_layouts_limit_are_laid_out_alike(count):
+    rng = random.Random(count)
+    records = []
+    for aid in range(1, count + 1):  # two roles' replicas, their activations overlapping in many ways
+        start = rng.choice([0.0, 1.0, rng.uniform(0, 4)])
+        records.append((aid, f"r{aid % 2}", "m", aid % 3 - 1, start, start + rng.choice([0.0, 0.5, rng.uniform(0, 3)]),
+                        ((rng.randrange(aid), 0), (aid + 500, 1)), 1, None, 0))  # fmt: skip
+    call = SimpleNamespace(process="p", pid=1, call_id=1, graph="g", session="s", status="ok", started=0.0, ended=9.0,
+                           activations=rng.sample(records, count))  # fmt: skip
+    written = C.write_only(call)
+    assert written == trace.chrome_trace_json(call)
+    lanes = {e["args"]["name"] for e in msgspec.json.decode(written)["traceEvents"] if e["name"] == "thread_name"}
+    assert any(" (" in lane for lane in lanes)  # overflow lanes were needed
+
+
 def odd(**changes) -> SimpleNamespace:
     """A trace of three activations, with `changes` (of the trace, or `records`)."""
     records = changes.pop("records", None) or [

@@ -56,6 +56,7 @@ class Call(Delivery):
         for join in self.program.joins:  # a join not yet resolved is work that can reach what it feeds
             for reset in join.reset_counters:
                 self.alive[reset] += 1
+        self._call_began()
         act = Activation(self.program.start, 0, self._aid(), self.inputs, (), ())
         if self.observer is not None:
             if self.track_frames:
@@ -162,6 +163,7 @@ class Call(Delivery):
         done = {"event": "done", "status": status, "errors": list(self.errors), "missing": missing}
         if self.cancelled:
             done["reason"] = self.cancel_reason
+        self._call_ending(status)
         if self.observer is not None:
             self.arrivals.clear()
             self.observer.call_ended(self, status)

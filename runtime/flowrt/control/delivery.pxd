@@ -27,7 +27,9 @@ cdef class Delivery:
     cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored, order_waiting
     cdef public Activation producer
     cdef public list outbox_waiters
-    cdef public bint cancelled, failed, ended, custom_tasks, track_frames, watch_output, watch_starts, watch_ends
+    cdef public bint cancelled, failed, ended, custom_tasks, track_frames, watch_output, hear_first_output
+    cdef public bint watch_starts, watch_ends
+    cdef public double started
     cdef public str cancel_reason
 
     cdef tuple _sent(self)
@@ -53,6 +55,7 @@ cdef class Delivery:
     cdef _join_resolved(self, NodeProgram node)
     @cython.locals(join=JoinField, running=list, buckets=list)
     cdef bint _all_fields_ended(self, NodeProgram node) except -1
+    @cython.locals(program=GraphProgram, seconds=double)
     cdef _emit(self, object event)
     @cython.locals(stream=Py_ssize_t, consumer=OrderConsumer, held=list)
     cdef _caller_arrived(self, Edge edge, object value, tuple order)
@@ -65,9 +68,12 @@ cdef class Delivery:
     cdef _release_stream(self, OrderConsumer consumer)
     @cython.locals(sequencer=Sequencer)
     cdef _release_session(self, OrderConsumer consumer)
+    cdef _call_began(self)
+    @cython.locals(program=GraphProgram, ended=dict, seconds=double)
+    cdef _call_ending(self, str status)
     @cython.locals(node=NodeProgram)
     cdef _act_started(self, Activation act)
-    @cython.locals(node=NodeProgram, counts=list, bounds=tuple, seconds=double, bound=double, n=Py_ssize_t, i=Py_ssize_t)
+    @cython.locals(node=NodeProgram, seconds=double)
     cdef _act_ended(self, Activation act, object reason)
     cdef _activation_done(self, NodeProgram node, Activation act)
     cdef _schedule(self, Activation act)
@@ -77,3 +83,5 @@ cdef class Delivery:
 cdef tuple _consumed(Bucket bucket, dict frames)
 @cython.locals(join=JoinField)
 cdef bint counts_met(NodeProgram node, JoinState state) except -1
+@cython.locals(n=Py_ssize_t, i=Py_ssize_t, bound=double)
+cdef _histogram_add(list counts, tuple bounds, double seconds)

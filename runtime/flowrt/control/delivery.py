@@ -19,11 +19,12 @@ that reports to it costs one `is None` check when none is. Where the observer as
 `frames` attribute is true: a trace), the call also tracks which frames each activation consumes
 (`track_frames`, `sending`, `arrivals`; `Activation.sources`), so a trace can draw an arrow from
 every frame's producer to its consumer; metrics do not pay for that. The observer hears of the
-call's first output event (`watch_output`: one flag checked per event) for the time to the first
-streamed frame, and of activations starting and ending (`_act_started`, `_act_ended`) unless it
-says it needs neither (`watch_starts`, `watch_ends`). Whether or not a call is observed, each
-node counts its activations and the frames it sends to each consumer (flowrt.control.program),
-and times the activations of observed calls where an observer installed a histogram on it.
+call's first output event if it asks (`hear_first_output`), and of activations starting and
+ending (`_act_started`, `_act_ended`) unless it says it needs neither (`watch_starts`,
+`watch_ends`). Whether or not a call is observed, its graph counts its calls by status and each
+node its activations and the frames it sends to each consumer (flowrt.control.program); where an
+observer installed histograms, the calls and activations of observed calls are timed into them
+(the call's first output event too: `watch_output`, one flag checked per event).
 """
 
 from __future__ import annotations
@@ -101,7 +102,9 @@ class Delivery:
         self.errored: set[str] = set()
         self.observer: Any = None  # flowrt.observe's hooks for this call, or None (set before `start`)
         self.track_frames = False  # the observer wants each activation's `sources` (set with it)
-        self.watch_output = False  # the observer hears of the call's first output event (set with it)
+        self.started = 0.0  # with an observer: when the call started, in CLOCK's time
+        self.watch_output = False  # with an observer: the call's first output event is timed or heard (set with it)
+        self.hear_first_output = False  # ... and the observer hears of it (set with it)
         self.watch_starts = False  # the observer hears of each activation's start (set with it)
         self.watch_ends = False  # ... and of each one's end
         # observing: the ids of the frame being dispatched (Activation.sources); None: the one
@@ -290,7 +293,13 @@ class Delivery:
         self.outbox.append(event)
         if self.watch_output:  # observing: the first event that carries an output (`_finish` clears it before `done`)
             self.watch_output = False
-            self.observer.first_output(self)
+            program = self.program
+            if program.first_counts is not None:
+                seconds = CLOCK() - self.started
+                program.first_sum += seconds
+                _histogram_add(program.first_counts, program.call_bounds, seconds)
+            if self.hear_first_output:
+                self.observer.first_output(self)
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -380,7 +389,25 @@ class Delivery:
         if not sequencer.held:
             self.order_waiting.discard(consumer)
 
-    # ── observing: an activation's start and end ──
+    # ── observing: a call's start and end, an activation's start and end ──
+
+    def _call_began(self) -> None:
+        """The call starts: count it; with an observer, stamp its start (its graph's histograms,
+        where an observer installed them, measure from it)."""
+        self.program.calls_started += 1
+        if self.observer is not None:
+            self.started = CLOCK()
+
+    def _call_ending(self, status: str) -> None:
+        """The call ends with `status`: count it; with an observer, time it into its graph's
+        histogram (where one is installed)."""
+        program = self.program
+        ended = program.calls_ended
+        ended[status] = ended.get(status, 0) + 1
+        if self.observer is not None and program.call_counts is not None:
+            seconds = CLOCK() - self.started
+            program.call_sum += seconds
+            _histogram_add(program.call_counts, program.call_bounds, seconds)
 
     def _act_started(self, act: Activation) -> None:
         """An activation is about to run: count it; with an observer, stamp its start (observers
@@ -405,19 +432,10 @@ class Delivery:
                 node.acts_cancelled += 1
         if self.observer is None:
             return
-        counts = node.duration_counts
-        if counts is not None:
+        if node.duration_counts is not None:
             seconds = CLOCK() - act.started
             node.duration_sum += seconds
-            bounds = node.duration_bounds
-            n = len(bounds)
-            i = 0
-            while i < n:  # (the first bound it does not exceed, as bisect_left: over a few floats)
-                bound = bounds[i]
-                if bound >= seconds:
-                    break
-                i += 1
-            counts[i] += 1
+            _histogram_add(node.duration_counts, node.duration_bounds, seconds)
         if self.watch_ends:
             self.observer.activation_ended(self, act, reason)
 
@@ -479,3 +497,16 @@ def counts_met(node: NodeProgram, state: JoinState) -> bool:
         if join.threshold is not None and len(state.values.get(join.field, ())) < join.threshold:
             return False
     return True
+
+
+def _histogram_add(counts: list, bounds: tuple, seconds: float) -> None:
+    """Count `seconds` in the histogram `counts` of `bounds`: in the first bucket whose bound it
+    does not exceed (as bisect_left, over a few floats), else in the last (+Inf)."""
+    n = len(bounds)
+    i = 0
+    while i < n:
+        bound = bounds[i]
+        if bound >= seconds:
+            break
+        i += 1
+    counts[i] += 1

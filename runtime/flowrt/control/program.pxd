@@ -57,3 +57,8 @@ cdef class GraphProgram:
     cdef public frozenset entry_set
     cdef public NodeProgram start
     cdef public object timeout
+    cdef public Py_ssize_t calls_started
+    cdef public dict calls_ended
+    cdef public tuple call_bounds
+    cdef public list call_counts, first_counts
+    cdef public double call_sum, first_sum

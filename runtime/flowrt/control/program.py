@@ -225,6 +225,13 @@ class GraphProgram:
         "stream_consumers",
         "resets",
         "_stream_index",
+        "calls_started",
+        "calls_ended",
+        "call_bounds",
+        "call_counts",
+        "call_sum",
+        "first_counts",
+        "first_sum",
     )
 
     def __init__(self, name: str, plan: dict, tables: dict[str, NodeTables]):
@@ -240,6 +247,16 @@ class GraphProgram:
         self.returns = tuple(o["field"] for o in outputs if o["kind"] == "return")
         self._stream_index = {name: i for i, (name, _) in enumerate(self.streams)}
         self.timeout: float | None = plan.get("timeout_s")
+        # its calls since the runtime opened (flowrt.observe.metrics): started, and ended by status
+        self.calls_started = 0
+        self.calls_ended: dict[str, int] = {}
+        # histograms of its calls' durations and times to their first output, installed by an
+        # observer as on a node (`call_bounds` for both); None: not timed
+        self.call_bounds: tuple[float, ...] = ()
+        self.call_counts: list[int] | None = None
+        self.call_sum = 0.0
+        self.first_counts: list[int] | None = None
+        self.first_sum = 0.0
         for node in self.nodes:
             t = tables[node.id]
             node.groups = tuple(

@@ -304,8 +304,9 @@ class Runtime:
         call = Call(self, program, inputs, session, call_id)
         call.observer = self.observer if observer is None else observer
         call.track_frames = bool(getattr(call.observer, "frames", False))  # (a trace's arrows need them)
-        call.watch_output = getattr(call.observer, "first_output", None) is not None  # (the time to the first frame)
         observer = call.observer
+        call.watch_output = observer is not None  # (the time to the first output: timed, or heard where the observer asks)
+        call.hear_first_output = getattr(observer, "first_output", None) is not None
         call.watch_starts = observer is not None and bool(getattr(observer, "starts", True))  # (an observer may not need them)
         call.watch_ends = observer is not None and bool(getattr(observer, "ends", True))
         self.calls.add(call)

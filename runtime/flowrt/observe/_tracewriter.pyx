@@ -12,8 +12,8 @@ setup.py compiles it with FLOWRT_SOURCE_DIGEST, the digest of its sources (flowr
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy, strlen
+from libc.stdlib cimport free, malloc, qsort
+from libc.string cimport memcpy
 from os import getpid
 from time import perf_counter
 
@@ -122,79 +122,16 @@ cdef object item_bytes(object item):
 
 # ── the text ──
 
-cdef struct Text:
-    char *data
-    Py_ssize_t size
-    Py_ssize_t capacity
-
-
-cdef int grow(Text *text, Py_ssize_t more) except -1:
-    cdef Py_ssize_t capacity = text.capacity if text.capacity else 8192
-    while capacity < text.size + more:
-        capacity *= 2
-    cdef char *data = <char *>realloc(text.data, capacity)
-    if data == NULL:
-        raise MemoryError()
-    text.data = data
-    text.capacity = capacity
-    return 0
-
-
-cdef inline int put(Text *text, const char *chars, Py_ssize_t n) except -1:
-    if text.size + n > text.capacity:
-        grow(text, n)
-    memcpy(text.data + text.size, chars, n)
-    text.size += n
-    return 0
-
-
-cdef inline int lit(Text *text, const char *chars) except -1:
-    return put(text, chars, strlen(chars))
-
-
-cdef Py_ssize_t format_int(char *out, long long value) noexcept:
-    """`value` in decimal into `out` (20 characters at most); returns how many."""
-    cdef char digits[24]
-    cdef int at = 24
-    cdef unsigned long long magnitude = <unsigned long long>(-(value + 1)) + 1 if value < 0 else <unsigned long long>value
-    while True:
-        at -= 1
-        digits[at] = <char>(48 + magnitude % 10)
-        magnitude //= 10
-        if magnitude == 0:
-            break
-    if value < 0:
-        at -= 1
-        digits[at] = b'-'
-    memcpy(out, digits + at, 24 - at)
-    return 24 - at
-
-
-cdef inline int put_int(Text *text, long long value) except -1:
-    if text.size + 24 > text.capacity:
-        grow(text, 24)
-    text.size += format_int(text.data + text.size, value)
-    return 0
-
-
-cdef int put_thousandths(Text *text, long long value) except -1:
-    """`value` / 1000 as a JSON number: the decimal digits of the float `value / 1e3`, as msgspec
-    writes them (`12.345`, `12.5`, `12.0`)."""
-    cdef char fraction[4]
-    cdef int digits = 3
-    cdef long long rest
-    if value < 0:
-        lit(text, "-")
-        value = -value
-    put_int(text, value // 1000)
-    rest = value % 1000
-    fraction[0] = b'.'
-    fraction[1] = <char>(48 + rest // 100)
-    fraction[2] = <char>(48 + rest // 10 % 10)
-    fraction[3] = <char>(48 + rest % 10)
-    while digits > 1 and fraction[digits] == b'0':
-        digits -= 1
-    return put(text, fraction, digits + 1)
+cdef extern from "_tracetext.h":
+    ctypedef struct Text "flowrt_text":
+        char *data
+        Py_ssize_t size
+        Py_ssize_t capacity
+    int put "flowrt_put"(Text *text, const char *chars, Py_ssize_t n) except -1
+    int lit "flowrt_lit"(Text *text, const char *chars) except -1
+    char *decimal "flowrt_decimal"(char *end, long long value) noexcept
+    int put_int "flowrt_put_int"(Text *text, long long value) except -1
+    int put_thousandths "flowrt_put_thousandths"(Text *text, long long value) except -1
 
 
 cdef int put_escaped(Text *text, str value) except -1:
@@ -285,12 +222,19 @@ cdef inline long long duration(long long start, long long end) except? -1:
 
 cdef enum:
     FRAME_ID = 48  # room for "producer:index" between quotes, both 64-bit
+    FEW = 48  # activations that lanes and sorts of their own handle; past that, Python's (n log n)
 
 
 cdef struct Placed:
     Py_ssize_t record  # its index in trace.activations
-    double start_s  # its start in seconds (the sort key, with its aid)
+    double start_s, end_s  # its start and end in seconds (start, then aid: the sort key)
     long long aid, start, end, tid  # (start and end in ns since the call started)
+    Py_ssize_t lane  # its lane's index among the trace's distinct lanes (in the order they first appear)
+
+
+cdef struct ByAid:
+    long long aid
+    Py_ssize_t index  # in `placed`
 
 
 def chrome_trace_json(trace):
@@ -315,33 +259,36 @@ def write_only(trace):
 cdef bytes write(trace):
     cdef Text text = Text(NULL, 0, 0)
     cdef list activations = trace.activations
-    cdef Py_ssize_t count = len(activations), i, arrows = 0
+    cdef Py_ssize_t count = len(activations), i, arrows = 0, seen, frame_start
     cdef Placed *placed = <Placed *>malloc((count + 1) * sizeof(Placed))
+    cdef ByAid *by_aid = <ByAid *>malloc((count + 1) * sizeof(ByAid))
+    cdef long long *lane_tids = <long long *>malloc((count + 1) * sizeof(long long))
     cdef Placed *act
     cdef Placed *producer
     cdef double origin = trace.started
     cdef long long ended = nanoseconds(trace.ended, origin), leaves
     cdef char frame[FRAME_ID]
-    cdef Py_ssize_t frame_size
-    if placed == NULL:
+    if placed == NULL or by_aid == NULL or lane_tids == NULL:
+        free(placed)
+        free(by_aid)
+        free(lane_tids)
         raise MemoryError()
     try:
         sort_by_start(activations, placed, count)
-        names = lanes(activations, placed, count)
-        lanes_of = lane_layout(trace.process, trace.pid, names)
+        distinct = lanes(activations, placed, count)
+        lanes_of = lane_layout(trace.process, trace.pid, distinct)
         tids = lanes_of.tids
-        where = {}  # a producer's aid -> its index in `placed` (`count`: the caller's entry values)
+        for i in range(len(distinct)):
+            lane_tids[i] = tids[distinct[i]]
         for i in range(count):
             act = &placed[i]
-            record = activations[act.record]
-            act.start = nanoseconds(record[4], origin)
-            act.end = nanoseconds(record[5], origin)
-            act.tid = tids[names[i]]
-            if act.aid in where:
-                raise Unwritable()  # (two activations with one aid)
-            where[act.aid] = i
-        placed[count] = Placed(-1, 0.0, 0, 0, ended, 1)
-        where[0] = count
+            act.start = nanoseconds(act.start_s, origin)
+            act.end = nanoseconds(act.end_s, origin)
+            act.tid = lane_tids[act.lane]
+            by_aid[i] = ByAid(act.aid, i)
+        placed[count] = Placed(-1, 0.0, 0.0, 0, 0, ended, 1, 0)
+        by_aid[count] = ByAid(0, count)  # (the caller's entry values: a record's aid is never 0)
+        index_by_aid(by_aid, count + 1)
 
         pid, call_id, session, graph = ENCODE(trace.pid), ENCODE(trace.call_id), ENCODE(trace.session), trace.graph
         graph_json = ENCODE(graph)
@@ -388,8 +335,7 @@ cdef bytes write(trace):
                 if not first:
                     lit(&text, ",")
                 first = False
-                frame_size = frame_id(frame, source, index)
-                put_frame(&text, frame, frame_size, source, index)
+                put_frame(&text, frame, frame_id(frame, source, index), source, index)
             lit(&text, "],\"frames\":")
             put_value(&text, frames)
             lit(&text, ",\"outcome\":")
@@ -401,18 +347,18 @@ cdef bytes write(trace):
             put_value(&text, input_bytes)
             lit(&text, "},\"ph\":\"X\"}")
             for source, index in sources:
-                seen = where.get(source)
-                if seen is None:
+                seen = producer_of(by_aid, count + 1, source)
+                if seen < 0:
                     continue  # (a producer this trace did not see: none in one call)
-                producer = &placed[<Py_ssize_t>seen]
+                producer = &placed[seen]
                 arrows += 1
                 # the arrow leaves the producer while both run (a stream), else as it ends
                 leaves = producer.start if act.start < producer.start else producer.end if act.start > producer.end else act.start
-                frame_size = frame_id(frame, source, index)
+                frame_start = frame_id(frame, source, index)
                 lit(&text, ",{\"ph\":\"s\"")
-                arrow(&text, arrows, leaves, lane, producer.tid, frame, frame_size, source, index)
+                arrow(&text, arrows, leaves, lane, producer.tid, frame, frame_start, source, index)
                 lit(&text, ",{\"ph\":\"f\"")
-                arrow(&text, arrows, act.start, lane, act.tid, frame, frame_size, source, index)
+                arrow(&text, arrows, act.start, lane, act.tid, frame, frame_start, source, index)
         lit(&text, "],\"displayTimeUnit\":\"ms\",\"otherData\":{")
         put_bytes(&text, call_fields)
         lit(&text, ",\"process\":")
@@ -424,36 +370,40 @@ cdef bytes write(trace):
     finally:
         free(text.data)
         free(placed)
+        free(by_aid)
+        free(lane_tids)
 
 
 cdef Py_ssize_t frame_id(char *out, object producer, object index) except -2:
-    """A frame's id as a JSON string, "producer:index", into `out`; -1 where the two are not
-    both machine integers (put_frame then writes it from Python)."""
+    """A frame's id as a JSON string, "producer:index", at the end of `out` (FRAME_ID long);
+    returns where it starts, or -1 where the two are not both machine integers (put_frame
+    then writes it from Python)."""
     cdef int overflow = 0, overflow_index = 0
     cdef long long p, i
-    cdef Py_ssize_t size
+    cdef char *at
     if type(producer) is not int or type(index) is not int:
         return -1
     p = PyLong_AsLongLongAndOverflow(producer, &overflow)
     i = PyLong_AsLongLongAndOverflow(index, &overflow_index)
     if overflow or overflow_index:
         return -1
-    out[0] = b'"'
-    size = 1 + format_int(out + 1, p)
-    out[size] = b':'
-    size += 1 + format_int(out + size + 1, i)
-    out[size] = b'"'
-    return size + 1
+    at = out + FRAME_ID - 1
+    at[0] = b'"'
+    at = decimal(at, i) - 1
+    at[0] = b':'
+    at = decimal(at, p) - 1
+    at[0] = b'"'
+    return at - out
 
 
-cdef int put_frame(Text *text, const char *frame, Py_ssize_t size, object producer, object index) except -1:
-    if size >= 0:
-        return put(text, frame, size)
+cdef int put_frame(Text *text, const char *frame, Py_ssize_t start, object producer, object index) except -1:
+    if start >= 0:
+        return put(text, frame + start, FRAME_ID - start)
     return put_str(text, f"{producer}:{index}")
 
 
 cdef int arrow(Text *text, Py_ssize_t number, long long at, bytes lane, long long tid, const char *frame,
-               Py_ssize_t frame_size, object producer, object index) except -1:
+               Py_ssize_t frame_start, object producer, object index) except -1:
     """The rest of one end of a flow arrow, after its `{"ph":"s"` or `{"ph":"f"`."""
     lit(text, ",\"id\":")
     put_int(text, number)
@@ -462,23 +412,23 @@ cdef int arrow(Text *text, Py_ssize_t number, long long at, bytes lane, long lon
     put_bytes(text, lane)
     put_int(text, tid)
     lit(text, ",\"args\":{\"frame\":")
-    put_frame(text, frame, frame_size, producer, index)
+    put_frame(text, frame, frame_start, producer, index)
     return lit(text, "},\"name\":\"frame\",\"cat\":\"frame\",\"bp\":\"e\"}")
 
 
 cdef int sort_by_start(list activations, Placed *placed, Py_ssize_t count) except -1:
     """`placed` as the records sorted by start, then aid (trace.START_THEN_AID): an insertion
-    sort, as a call's activations mostly end in the order they started; Python's sort past a
-    few dozen (an insertion sort's worst case is quadratic)."""
+    sort, as a call's activations mostly end in the order they started; Python's sort past
+    FEW (an insertion sort's worst case is quadratic)."""
     cdef Py_ssize_t i, j
     cdef Placed entry
     for i in range(count):
         record = activations[i]
         if type(record) is not tuple or len(<tuple>record) != 10 or type(record[0]) is not int or record[0] == 0:
             raise Unwritable()  # (not a record; or an aid the writer would not tell from another's, or the caller's 0)
-        entry = Placed(i, record[4], record[0], 0, 0, 0)
+        entry = Placed(i, record[4], record[5], record[0], 0, 0, 0, 0)
         j = i
-        if count > 48:
+        if count > FEW:
             placed[i] = entry
             continue
         while j > 0 and (placed[j - 1].start_s > entry.start_s or
@@ -486,7 +436,7 @@ cdef int sort_by_start(list activations, Placed *placed, Py_ssize_t count) excep
             placed[j] = placed[j - 1]
             j -= 1
         placed[j] = entry
-    if count > 48:
+    if count > FEW:
         keyed = sorted([(placed[i].start_s, placed[i].aid, i) for i in range(count)])
         unsorted = <Placed *>malloc(count * sizeof(Placed))
         if unsorted == NULL:
@@ -499,45 +449,106 @@ cdef int sort_by_start(list activations, Placed *placed, Py_ssize_t count) excep
 
 
 cdef list lanes(list activations, Placed *placed, Py_ssize_t count):
-    """tracelayout.lanes over the records in `placed` order."""
-    cdef list names = []
-    cdef dict free_at = {}  # replica -> when each of its lanes is free again
-    cdef Py_ssize_t index = 0, i
+    """tracelayout.lanes over the records in `placed` order: the distinct lanes in the order
+    they first appear, each record's index among them in its `lane`. Up to FEW records, with
+    C arrays (a lane is its replica's first lane where that one is free at its start, else
+    the next free one); past that, tracelayout.lanes itself."""
+    cdef list distinct = []
+    cdef list bases = []  # each distinct lane's replica
+    cdef double free_at[FEW]  # when each distinct lane is free again
+    cdef Py_ssize_t i, k, found, taken
+    if count > FEW:
+        return lanes_in_python(activations, placed, count)
     for i in range(count):
         record = activations[placed[i].record]
         role, replica = record[1], record[3]
         name = REPLICA_NAMES.get((role, replica))
         if name is None:
             name = replica_name(role, replica)
-        start, end = record[4], record[5]
-        ends = free_at.get(name)
-        if ends is None:
-            free_at[name] = [end]
-            names.append(name)
-            continue
-        for index in range(len(ends) + 1):
-            if index == len(ends):
-                ends.append(end)
-                break
-            if ends[index] <= start:
-                ends[index] = end
-                break
-        names.append(name if index == 0 else f"{name} ({index + 1})")
-    return names
+        found = -1
+        taken = 0  # the replica's lanes seen so far
+        for k in range(len(distinct)):
+            if bases[k] == name:
+                taken += 1
+                if free_at[k] <= placed[i].start_s:
+                    found = k
+                    break
+        if found < 0:
+            found = len(distinct)
+            bases.append(name)
+            distinct.append(name if taken == 0 else f"{name} ({taken + 1})")
+        free_at[found] = placed[i].end_s
+        placed[i].lane = found
+    return distinct
+
+
+cdef list lanes_in_python(list activations, Placed *placed, Py_ssize_t count):
+    cdef Py_ssize_t i
+    names = tracelayout.lanes([activations[placed[i].record] for i in range(count)])
+    index = {}
+    for i in range(count):
+        placed[i].lane = index.setdefault(names[i], len(index))
+    return list(index)
 
 
 cdef dict ORDERED_LAYOUTS = {}  # (process, pid, the lanes in the order they first appear) -> its Layout
 
 
-cdef object lane_layout(object process, object pid, list names):
+cdef object lane_layout(object process, object pid, list distinct):
     """tracelayout.layout, by the lanes as a tuple, which is cheaper to make and hash than a set."""
-    key = (process, pid, tuple(dict.fromkeys(names)))  # (each lane once: as many keys as orders of a few lanes)
+    key = (process, pid, tuple(distinct))  # (as many keys as orders of a few lanes)
     made = ORDERED_LAYOUTS.get(key)
     if made is None:
         if len(ORDERED_LAYOUTS) >= 4096:
             ORDERED_LAYOUTS.clear()
-        made = ORDERED_LAYOUTS[key] = layout(process, pid, frozenset(names))
+        made = ORDERED_LAYOUTS[key] = layout(process, pid, frozenset(distinct))
     return made
+
+
+cdef int index_by_aid(ByAid *by_aid, Py_ssize_t n) except -1:
+    """`by_aid` sorted by aid (insertion sort up to FEW, qsort past it); two equal aids are
+    Unwritable (the specification draws both with the last one's times)."""
+    cdef Py_ssize_t i, j
+    cdef ByAid entry
+    if n > FEW:
+        qsort(by_aid, n, sizeof(ByAid), compare_aids)
+    else:
+        for i in range(1, n):
+            entry = by_aid[i]
+            j = i
+            while j > 0 and by_aid[j - 1].aid > entry.aid:
+                by_aid[j] = by_aid[j - 1]
+                j -= 1
+            by_aid[j] = entry
+    for i in range(1, n):
+        if by_aid[i].aid == by_aid[i - 1].aid:
+            raise Unwritable()
+    return 0
+
+
+cdef int compare_aids(const void *a, const void *b) noexcept nogil:
+    cdef long long x = (<const ByAid *>a).aid, y = (<const ByAid *>b).aid
+    return (x > y) - (x < y)
+
+
+cdef Py_ssize_t producer_of(const ByAid *by_aid, Py_ssize_t n, object producer) except -2:
+    """The index in `placed` of the activation whose aid is `producer` (-1: none); a producer
+    that is not an int is Unwritable (the specification finds it by equality: 3.0 is 3)."""
+    cdef int overflow = 0
+    cdef long long aid
+    cdef Py_ssize_t low = 0, high = n, middle
+    if type(producer) is not int:
+        raise Unwritable()
+    aid = PyLong_AsLongLongAndOverflow(producer, &overflow)
+    if overflow:
+        return -1
+    while low < high:
+        middle = (low + high) // 2
+        if by_aid[middle].aid < aid:
+            low = middle + 1
+        else:
+            high = middle
+    return by_aid[low].index if low < n and by_aid[low].aid == aid else -1
 
 
 cdef inline int put_bytes(Text *text, bytes chunk) except -1:

@@ -30,13 +30,16 @@ costs the core a little per frame, so observers that do not read them leave it f
 before `activation_started` whenever a call has an observer, so every observer measures from
 the same instant (an observer written for an older core sets it itself while it is 0.0).
 
-The control core also counts, with no observer at all, each interface node's activations
+The control core also counts, with no observer at all, each graph program's calls
+(`calls_started`, and `calls_ended` by status), each interface node's activations
 (`acts_started`, `acts_ended`, `acts_failed`, `acts_cancelled`, `frames_out`) and the frames
-each node sent to each consumer (`outlets`); where an observer installed a histogram on a node
+each node sent to each consumer (`outlets`). Where an observer installed a histogram on a node
 (`duration_bounds`, and `duration_counts` one longer: the last bucket is +Inf), the core adds
 each activation of a call with an observer to it (from `act.started` to its end) and to
-`duration_sum`. flowrt.observe.metrics and flowrt.deploy.observed read them when metrics are
-scraped.
+`duration_sum`; where one installed them on a graph program (`call_bounds` for both,
+`call_counts` and `first_counts`), it adds each call with an observer (from its start to its
+end, and to its first output event) to them and to `call_sum` and `first_sum`.
+flowrt.observe.metrics and flowrt.deploy.observed read them when metrics are scraped.
 """
 
 from __future__ import annotations

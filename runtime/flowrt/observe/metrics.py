@@ -3,29 +3,28 @@ first streamed frame, activations and their latency by role and interface, and w
 flight (docs/observe.md lists them). What the deployment's processes hold (replicas, edges,
 pools, prefix reuse) is flowrt.observe.deployment's.
 
-`Metrics` is an observer (flowrt.observe.hooks): its hooks only count, in plain Python numbers
-kept per graph and per (role, interface), because prometheus_client's own Counter and
-Histogram take a lock and walk their buckets on every update, which costs more than a no-op
-activation. Nothing at all runs here per activation (`starts` and `ends` are false): how many
-started, ended by outcome, their frames and the histogram of their durations are the control
-core's own counts on each node (flowrt.control.program; the histogram's buckets are installed
-on the nodes of each graph when this observer sees its first call), read when /metrics is
-scraped. Only calls are counted here, a few dictionary updates each. A custom collector turns
-the counts into metric families then (prometheus_client's documented pattern for exporters
-with their own bookkeeping). Each `Metrics` has a registry of its own, so two runtimes in one
-process never mix.
+`Metrics` is an observer (flowrt.observe.hooks) that counts nothing itself: prometheus_client's
+own Counter and Histogram take a lock and walk their buckets on every update, and even a Python
+hook per call costs more than the counting. The control core keeps the counts (flowrt.control.
+program): each graph program its calls started and ended by status, each node its activations
+started and ended by outcome and their frames; and, on the programs and nodes where this observer
+installed histograms (when it sees a graph's first call: `call_started` is its only hook), the
+core times each observed call, its first output and its activations into them. They are read
+when /metrics is scraped: a custom collector turns them into metric families then
+(prometheus_client's documented pattern for exporters with their own bookkeeping). A graph's
+calls are counted from the runtime's start, observed or not. Each `Metrics` has a registry of
+its own, so two runtimes in one process never mix.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from flowrt.observe.hooks import Observer, now
+from flowrt.observe.hooks import Observer
 
 # what GET /metrics answers with: the classic text format every Prometheus reads (our names and
 # labels are plain, so prometheus_client's newer 1.0.0 output is the same bytes)
@@ -46,10 +45,6 @@ class Latency:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.total += seconds
 
     def cumulative(self) -> list[tuple[str, int]]:
         """Prometheus' buckets: (upper bound, how many values were at most that)."""
@@ -85,70 +80,67 @@ class InterfaceStats:
 
 
 class GraphStats:
-    """One graph: calls started, ended by status, latency, time to the first output event."""
+    """One graph: the programs of it that ran (one per runtime), whose counts the core keeps."""
 
-    __slots__ = ("started", "by_status", "latency", "first_frame")
+    __slots__ = ("programs",)
 
     def __init__(self) -> None:
-        self.started = 0
-        self.by_status: dict[str, int] = {}
-        self.latency = Latency(CALL_BUCKETS)
-        self.first_frame = Latency(CALL_BUCKETS)
+        self.programs: list[Any] = []
+
+    @property
+    def started(self) -> int:
+        return sum(program.calls_started for program in self.programs)
+
+    def by_status(self) -> dict[str, int]:
+        """Calls ended, by status."""
+        counts: dict[str, int] = {}
+        for program in self.programs:
+            for status, count in program.calls_ended.items():
+                counts[status] = counts.get(status, 0) + count
+        return counts
+
+    def latency(self, counts: str, total: str) -> Latency:
+        """A histogram the core keeps on each program (`call_counts` and `call_sum`, say), summed."""
+        latency = Latency(CALL_BUCKETS)
+        for program in self.programs:
+            if getattr(program, counts) is not None:
+                latency.counts = [a + b for a, b in zip(latency.counts, getattr(program, counts), strict=True)]
+                latency.total += getattr(program, total)
+        return latency
 
 
 class Metrics(Observer):
     """Counts what the runtime does; `exposition()` is the text GET /metrics answers."""
 
-    starts = ends = False  # (the core counts and times activations itself: the module docstring)
+    starts = ends = False  # (the core counts and times calls and activations itself: the module docstring)
+    first_output = None
 
     def __init__(self) -> None:
         self.graphs: dict[str, GraphStats] = {}
         self.interfaces: dict[tuple[str, str], InterfaceStats] = {}
         self._nodes: set[Any] = set()  # the interface nodes counted (the core's node objects)
-        self._programs: set[Any] = set()  # the graph programs whose nodes are registered
-        self._call_started: dict[int, tuple[GraphStats, float]] = {}  # call id -> its graph's stats, when it started
+        self._programs: set[Any] = set()  # the graph programs whose counts are reported
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
-    # ── the hooks (flowrt.observe.hooks) ──
+    # ── the hook (flowrt.observe.hooks) ──
 
     def call_started(self, call: Any) -> None:
-        stats = self.graphs.get(call.graph)
-        if stats is None:
-            stats = self.graphs[call.graph] = GraphStats()
-        stats.started += 1
-        self._call_started[call.call_id] = (stats, now())
         if call.program not in self._programs:
             self._register(call.program)
 
-    def first_output(self, call: Any) -> None:
-        entry = self._call_started.get(call.call_id)
-        if entry is not None:
-            seconds = now() - entry[1]
-            latency = entry[0].first_frame  # (Latency.observe, inline: once per call)
-            latency.counts[bisect_left(latency.bounds, seconds)] += 1
-            latency.total += seconds
-
-    def call_ended(self, call: Any, status: str) -> None:
-        entry = self._call_started.pop(call.call_id, None)
-        if entry is None:  # (a call that started before this observer was installed)
-            stats = self.graphs.get(call.graph)
-            if stats is None:
-                stats = self.graphs[call.graph] = GraphStats()
-            stats.started += 1
-        else:
-            stats = entry[0]
-            seconds = now() - entry[1]
-            latency = stats.latency
-            latency.counts[bisect_left(latency.bounds, seconds)] += 1
-            latency.total += seconds
-        by_status = stats.by_status
-        by_status[status] = by_status.get(status, 0) + 1
-
     def _register(self, program: Any) -> None:
-        """Report the interface nodes of a graph program, and have the core time their
-        activations from now on (a histogram another Metrics installed is shared)."""
+        """Report a graph program and its interface nodes, and have the core time their calls
+        and activations from now on (histograms another Metrics installed are shared)."""
         self._programs.add(program)
+        stats = self.graphs.get(program.name)
+        if stats is None:
+            stats = self.graphs[program.name] = GraphStats()
+        stats.programs.append(program)
+        if program.call_counts is None:
+            program.call_bounds = CALL_BUCKETS
+            program.call_counts = [0] * (len(CALL_BUCKETS) + 1)
+            program.first_counts = [0] * (len(CALL_BUCKETS) + 1)
         for node in program.nodes:
             if not node.interface or node in self._nodes:
                 continue
@@ -157,10 +149,10 @@ class Metrics(Observer):
                 node.duration_bounds = ACTIVATION_BUCKETS
                 node.duration_counts = [0] * (len(ACTIVATION_BUCKETS) + 1)
             key = (node.role, node.method)
-            stats = self.interfaces.get(key)
-            if stats is None:
-                stats = self.interfaces[key] = InterfaceStats(*key)
-            stats.nodes.append(node)
+            interface = self.interfaces.get(key)
+            if interface is None:
+                interface = self.interfaces[key] = InterfaceStats(*key)
+            interface.nodes.append(node)
 
     # ── reading ──
 
@@ -189,11 +181,13 @@ class _Collector:
             labels=["graph"],
         )
         for graph, stats in graphs:
-            for status, count in sorted(stats.by_status.items()):
+            by_status = stats.by_status()
+            for status, count in sorted(by_status.items()):
                 calls.add_metric([graph, status], count)
-            in_flight.add_metric([graph], stats.started - sum(stats.by_status.values()))
-            latency.add_metric([graph], stats.latency.cumulative(), stats.latency.total)
-            first.add_metric([graph], stats.first_frame.cumulative(), stats.first_frame.total)
+            in_flight.add_metric([graph], stats.started - sum(by_status.values()))
+            durations, firsts = stats.latency("call_counts", "call_sum"), stats.latency("first_counts", "first_sum")
+            latency.add_metric([graph], durations.cumulative(), durations.total)
+            first.add_metric([graph], firsts.cumulative(), firsts.total)
         yield from (calls, in_flight, latency, first)
         labels = ["role", "interface"]
         activations = CounterMetricFamily(
