@@ -36,7 +36,7 @@ lane_names = st.sampled_from(["frontend", "vae", "llm"]) | st.text(min_size=1, m
 
 @st.composite
 def traces(draw) -> SimpleNamespace:
-    origin = draw(st.floats(0, 1e6))
+    origin = draw(st.floats(0, 1e5))  # (a day: past 1e15 ns from the start the Python writer writes it)
     aids = draw(st.lists(st.integers(1, 10_000), unique=True, max_size=12))
     producers = st.sampled_from([0, 99_999, *aids])  # the caller's entry values, a producer not seen, an activation
     records = []
@@ -103,6 +103,16 @@ def test_crowded_lanes_on_either_side_of_the_c_layouts_limit_are_laid_out_alike(
     assert written == trace.chrome_trace_json(call)
     lanes = {e["args"]["name"] for e in msgspec.json.decode(written)["traceEvents"] if e["name"] == "thread_name"}
     assert any(" (" in lane for lane in lanes)  # overflow lanes were needed
+
+
+@needs_c
+@pytest.mark.parametrize("uptime", [1e5, 8803921.195016755, 3e9])  # seconds of perf_counter: a day, 102 days, a century
+def test_an_activation_that_never_started_on_a_long_running_host_is_written_alike(uptime):
+    # (its start is 0.0 in perf_counter's clock, which counts from the host's boot)
+    call = SimpleNamespace(process="p", pid=1, call_id=1, graph="g", session="s", status="cancelled", started=uptime,
+                           ended=uptime + 0.25, activations=[(1, "r", "m", -1, 0.0, uptime + 0.2, (), 0, None, 0),
+                                                             (2, "r", "m", 0, uptime + 0.1, uptime + 0.2, ((1, 0),), 1, None, 0)])  # fmt: skip
+    assert C.chrome_trace_json(call) == trace.chrome_trace_json(call)
 
 
 def odd(**changes) -> SimpleNamespace:

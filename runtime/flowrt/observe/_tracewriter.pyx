@@ -199,7 +199,11 @@ class Unwritable(Exception):
     function writes it instead (`chrome_trace_json`)."""
 
 
-cdef double LIMIT = 9e18  # (whole nanoseconds or thousandths of a µs a long long holds, and then some room)
+# whole nanoseconds (or thousandths of a µs) this writer writes: below 1e15 (11.5 days from the
+# call's start) the decimal has at most 15 significant digits, which a double holds exactly, so
+# msgspec writes the float spec's value with these very digits. Past it (an activation that never
+# started, at 0.0, on a host up for weeks) the Python writer writes it.
+cdef double LIMIT = 1e15
 
 
 cdef inline long long nanoseconds(double seconds, double origin) except? -1:
@@ -258,7 +262,7 @@ def write_only(trace):
 
 cdef bytes write(trace):
     cdef Text text = Text(NULL, 0, 0)
-    cdef list activations = trace.activations
+    cdef list activations = list(trace.activations)  # (a copy: what a record's field runs cannot change it)
     cdef Py_ssize_t count = len(activations), i, arrows = 0, seen, frame_start
     cdef Placed *placed = <Placed *>malloc((count + 1) * sizeof(Placed))
     cdef ByAid *by_aid = <ByAid *>malloc((count + 1) * sizeof(ByAid))
