@@ -57,8 +57,7 @@ static int flowrt_put_thousandths(flowrt_text *text, long long value) {
     digits[30] = (char)('0' + rest / 10 % 10);
     digits[31] = (char)('0' + rest % 10);
     while (end > digits + 30 && end[-1] == '0') end--;  /* (one digit after the point at least) */
-    magnitude /= 1000;
-    do { *--at = (char)('0' + magnitude % 10); magnitude /= 10; } while (magnitude);
+    at = flowrt_decimal(at, (long long)(magnitude / 1000));  /* (its magnitude: "-0.005" gets its sign below) */
     if (value < 0) *--at = '-';
     return flowrt_put(text, at, end - at);
 }

@@ -71,12 +71,7 @@ class InterfaceStats:
 
     def latency(self) -> Latency:
         """The histogram of its activations' durations: the sum of its nodes'."""
-        latency = Latency(ACTIVATION_BUCKETS)
-        for node in self.nodes:
-            if node.duration_counts is not None:
-                latency.counts = [a + b for a, b in zip(latency.counts, node.duration_counts, strict=True)]
-                latency.total += node.duration_sum
-        return latency
+        return summed(self.nodes, ACTIVATION_BUCKETS, "duration_counts", "duration_sum")
 
 
 class GraphStats:
@@ -101,12 +96,18 @@ class GraphStats:
 
     def latency(self, counts: str, total: str) -> Latency:
         """A histogram the core keeps on each program (`call_counts` and `call_sum`, say), summed."""
-        latency = Latency(CALL_BUCKETS)
-        for program in self.programs:
-            if getattr(program, counts) is not None:
-                latency.counts = [a + b for a, b in zip(latency.counts, getattr(program, counts), strict=True)]
-                latency.total += getattr(program, total)
-        return latency
+        return summed(self.programs, CALL_BUCKETS, counts, total)
+
+
+def summed(holders: list[Any], bounds: tuple[float, ...], counts: str, total: str) -> Latency:
+    """The sum of the histograms the core keeps on `holders` (nodes or graph programs) in their
+    attributes `counts` and `total`; a holder whose histogram is not installed adds nothing."""
+    latency = Latency(bounds)
+    for holder in holders:
+        if getattr(holder, counts) is not None:
+            latency.counts = [a + b for a, b in zip(latency.counts, getattr(holder, counts), strict=True)]
+            latency.total += getattr(holder, total)
+    return latency
 
 
 class Metrics(Observer):
