@@ -113,3 +113,10 @@ def test_chat_reuse_bench_serves_both_turns_and_reuses_the_history():
     reuse = next(line for line in result.stdout.splitlines() if line.startswith("| reuse |"))
     fresh = next(line for line in result.stdout.splitlines() if line.startswith("| fresh |"))
     assert int(reuse.split("|")[3]) > 0 and int(fresh.split("|")[3]) == 0  # reused tokens: some, then none
+
+
+def test_plain_overlap_bench_runs_both_kinds_of_method():
+    result = run("bench/plain_overlap.py", "--block-ms", "5", "--rounds", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| plain def |" in result.stdout and "| async def |" in result.stdout
+    assert "async def / plain def = " in result.stdout

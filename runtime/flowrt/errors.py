@@ -11,6 +11,7 @@ import os
 import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 FLOWRT_DIR = str(Path(__file__).resolve().parent)
 STDLIB_DIR = sysconfig.get_paths()["stdlib"]
@@ -74,3 +75,19 @@ def place(error: BaseException, prefer: Iterable[Path] = (), depth: int = 0) -> 
         if cause is not None and cause is not error and depth < 8:
             return place(cause, prefer, depth + 1)
     return best or found
+
+
+def frame_place(frame: Any, prefer: Iterable[Path] = ()) -> str:
+    """`file:line` of the innermost frame of user code on a running stack whose innermost frame
+    is `frame` ("" if none), preferring frames under `prefer`, as `place` does for a traceback."""
+    preferred = tuple(str(p) for p in prefer)
+    found = ""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _library(filename):
+            where = f"{shown(filename)}:{frame.f_lineno}"
+            if preferred and filename.startswith(preferred):
+                return where
+            found = found or where
+        frame = frame.f_back
+    return found

@@ -89,7 +89,7 @@ INIT_RAISES = WORKERS.replace("class Worker:\n", "class Worker:\n    def __init_
 SETUP_RAISES = WORKERS.replace(
     "class Worker:\n", "class Worker:\n    async def setup(self, ctx):\n        raise FileNotFoundError('weights.bin')\n\n"
 )
-SYNC_METHOD = WORKERS.replace("class Worker:\n    async def run", "class Worker:\n    def run")
+NOT_A_METHOD = WORKERS.replace("class Worker:\n    async def run", "class Worker:\n    run = 42\n\n    async def other")
 
 # (id, what to break, --input, exit status, words in stderr)
 ROWS = [
@@ -188,7 +188,13 @@ ROWS = [
         2,
         r"role `worker`: setup\(\) of replica 0 raised FileNotFoundError: weights\.bin at .*workers\.py:4",
     ),
-    ("method-not-async", workers(SYNC_METHOD), '{"request": 1}', 2, r"`Worker\.run` at .*workers\.py:\d+ is not `async def`"),
+    (
+        "method-not-callable",
+        workers(NOT_A_METHOD),
+        '{"request": 1}',
+        2,
+        r"`Worker\.run` is not a method but a value of type `int`",
+    ),
     (
         "input-deeply-nested",
         lambda b: (b.parent / "deep.json").write_text('{"request": ' + "[" * 100_000 + "]" * 100_000 + "}"),

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from flowrt.control.threads import job_of
 from flowrt.errors import place, shown
 
 
@@ -87,7 +88,11 @@ def log_failure(log: logging.Logger, line: str, error: BaseException) -> None:
 
 def code_place(result: Any) -> str:
     """`file:line` where a role's generator stands (its last `yield`), or where its coroutine
-    was defined (it has returned): the place of a frame that broke the role's contract."""
+    was defined (it has returned): the place of a frame that broke the role's contract. For a
+    plain method run on its replica's thread, the same places in the role's own code."""
+    job = job_of(result)
+    if job is not None:
+        return job.where()
     frame = getattr(result, "ag_frame", None)
     if frame is not None:
         return f"{shown(frame.f_code.co_filename)}:{frame.f_lineno}"

@@ -2,9 +2,10 @@
 
 A role's `impl "module:Class"` is imported, its class constructed (once per replica, without
 arguments) and held to the interfaces the .flow file declares before any call runs: every
-interface is an `async def` or an async generator, takes `ctx` and then every field of each
-input group that can fire it as a keyword (OR groups pass only their own fields, so the others
-need defaults; `**fields` takes them all), and `setup`, if any, is an `async def` that returns.
+interface is an `async def` or an async generator (run on the event loop) or a plain `def` or
+generator (run on the replica's worker thread: flowrt.control.threads), takes `ctx` and then
+every field of each input group that can fire it as a keyword (OR groups pass only their own
+fields, so the others need defaults; `**fields` takes them all), and `setup`, if any, returns.
 A role that breaks one of these fails the open with a `RoleError` naming the role, the place
 in the user's code and the fix, instead of failing calls later (or a traceback).
 """
@@ -120,23 +121,23 @@ def check_instance(role: RoleSpec, instance: Any) -> None:
                 f"role `{role.name}`: `{kind}` has no method `{interface}`; add "
                 f"`async def {interface}(self, ctx, ...)` taking the interface's input fields"
             )
-        _check_async(role, kind, interface, method)
+        _check_callable(role, kind, interface, method)
         _check_signature(role, kind, interface, method, call_shapes(role, interface))
     setup = getattr(instance, "setup", None)
-    if setup is not None and not inspect.iscoroutinefunction(setup):
+    if setup is not None and (not callable(setup) or inspect.isasyncgenfunction(setup) or inspect.isgeneratorfunction(setup)):
         raise RoleError(
             f"role `{role.name}`: `{kind}.setup`{_at(definition(setup))} must be `async def setup(self, ctx)` "
-            "(flowrt awaits it once per replica when it opens)"
+            "or `def setup(self, ctx)` that returns (flowrt runs it once per replica when it opens)"
         )
 
 
-def _check_async(role: RoleSpec, kind: str, interface: str, method: Any) -> None:
-    if inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method):
-        return
-    what = "a generator" if inspect.isgeneratorfunction(method) else "not `async def`"
+def _check_callable(role: RoleSpec, kind: str, interface: str, method: Any) -> None:
+    if callable(method):
+        return  # `async def` and async generators run on the loop, plain ones on the replica's thread
     raise RoleError(
-        f"role `{role.name}`: `{kind}.{interface}`{_at(definition(method))} is {what}; write it as "
-        f"`async def {interface}(self, ctx, ...)` returning a dict of output fields, or as an async generator yielding them"
+        f"role `{role.name}`: `{kind}.{interface}` is not a method but a value of type `{type(method).__name__}`; write it as "
+        f"`async def {interface}(self, ctx, ...)` (or `def` for blocking work) returning a dict of output fields, "
+        "or as a generator yielding them"
     )
 
 

@@ -11,7 +11,7 @@ cdef class RoleBinding:
     cdef public str name, lb
     cdef public bint broadcast
     cdef public tuple uses
-    cdef public list instances, load
+    cdef public list instances, load, threads
     cdef public Py_ssize_t count, rr
     cdef public object globals, log, memory
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from flowrt.control.threads import ReplicaThread
 from flowrt.tables import RoleSpec
 
 BROADCAST = -2  # an activation's replica when it runs on every replica of its role
@@ -76,9 +77,17 @@ class Context:
 class RoleBinding:
     """One role's instances: `begin` starts an activation on its replica(s), `finished` ends it."""
 
-    __slots__ = ("name", "lb", "uses", "instances", "count", "rr", "load", "globals", "log", "broadcast", "memory")
+    __slots__ = ("name", "lb", "uses", "instances", "count", "rr", "load", "globals", "log", "broadcast", "memory", "threads")
 
-    def __init__(self, spec: RoleSpec, instances: list[Any], globals_: dict, log: logging.Logger, memory: Any = None):
+    def __init__(
+        self,
+        spec: RoleSpec,
+        instances: list[Any],
+        globals_: dict,
+        log: logging.Logger,
+        memory: Any = None,
+        prefer: tuple = (),
+    ):
         self.name = spec.name
         self.lb = spec.lb
         self.broadcast = spec.lb == "broadcast"
@@ -90,10 +99,21 @@ class RoleBinding:
         self.globals = globals_  # the runtime's session globals: (session, name) -> dict
         self.log = log
         self.memory = memory  # each Context's `memory`
+        # each replica's worker thread for its plain `def` methods (flowrt.control.threads); `prefer`: the roles' directories
+        self.threads = [ReplicaThread(f"{spec.name}/{replica}", prefer) for replica in range(self.count)]
 
     def methods(self, interface: str) -> list[Any]:
-        """The bound method of `interface` on each replica (None where the instance lacks it)."""
-        return [getattr(instance, interface, None) for instance in self.instances]
+        """The method of `interface` on each replica as the core calls it (None where the
+        instance lacks it): plain `def` methods run on the replica's thread."""
+        return [
+            None if method is None else thread.bind(method)
+            for method, thread in zip((getattr(i, interface, None) for i in self.instances), self.threads, strict=True)
+        ]
+
+    def close(self) -> None:
+        """Let the replicas' worker threads go (the runtime is closing)."""
+        for thread in self.threads:
+            thread.close()
 
     def replica(self, session: str) -> int:
         if self.count == 1:

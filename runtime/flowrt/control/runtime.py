@@ -19,7 +19,6 @@ activation; a call may name its own instead (`call(..., observer=)`: a trace of 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import time
@@ -36,6 +35,7 @@ from flowrt.control.call import Call
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context, RoleBinding
 from flowrt.control.sessions import GCScheduler, SessionStore
+from flowrt.control.threads import ReplicaThread, streams
 from flowrt.entry_types import EntryTypeError, checker
 from flowrt.errors import BadInputs, BadTimeout, FlowrtError, RoleError, UnknownGraph, place
 from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
@@ -134,6 +134,8 @@ class Runtime:
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
         self.sessions.close()
+        for binding in self.bindings.values():
+            binding.close()
 
     def cancel_all(self, reason: str) -> None:
         """Cancel every call in flight; their `done` events say `reason`."""
@@ -157,18 +159,19 @@ class Runtime:
                 self.instances[name] = impls.construct(role, cls, python_path)
             for instance in self.instances[name]:
                 impls.check_instance(role, instance)
+        prefer = tuple(python_path)
         for name, role in sorted(self.roles.items()):
+            binding = self.bindings[name] = RoleBinding(role, self.instances[name], self.globals, self.log, self.memory, prefer)
             for replica, instance in enumerate(self.instances[name]):
                 setup = getattr(instance, "setup", None)
                 if setup is not None:
-                    await self._setup(name, replica, setup)
-            self.bindings[name] = RoleBinding(role, self.instances[name], self.globals, self.log, self.memory)
+                    await self._setup(name, replica, setup, binding.threads[replica])
         for program in self.programs.values():
             for node in program.nodes:
                 if node.interface:
                     binding = node.binding = self.bindings[node.role]
                     node.methods = binding.methods(node.method)
-                    node.generator = any(inspect.isasyncgenfunction(m) for m in node.methods if m is not None)
+                    node.generator = any(streams(getattr(i, node.method, None)) for i in binding.instances)
                     node.timeout = self.roles[node.role].interfaces[node.method].timeout_s
 
     def _bind(self, binder: Any) -> None:
@@ -184,10 +187,10 @@ class Runtime:
                     node.generator = binder.generator(node.role, node.method)
                     node.timeout = self.roles[node.role].interfaces[node.method].timeout_s
 
-    async def _setup(self, role: str, replica: int, setup: Any) -> None:
+    async def _setup(self, role: str, replica: int, setup: Any, thread: ReplicaThread) -> None:
         ctx = Context("", 0, "", role, "setup", {}, self.log, replica, self.memory)
         try:
-            await setup(ctx)
+            await thread.setup(setup, ctx)
         except Exception as error:  # noqa: BLE001 - the user's setup: a clear error, not a traceback
             self.log.debug("role %s: setup of replica %d raised", role, replica, exc_info=True)
             where = place(error, self.bundle.python_path)
@@ -426,4 +429,5 @@ class Runtime:
             "sessions": scheduled["active_sessions"] + len(self.sessions.idle),
             "idle_sessions": len(self.sessions.idle),
             "busy_replicas": sum(b.busy_replicas() for b in self.bindings.values()),
+            "thread_jobs": sum(t.running() for b in self.bindings.values() for t in b.threads),
         }

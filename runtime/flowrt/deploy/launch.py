@@ -189,9 +189,9 @@ def _reporting(progress: Progress, bundle: Any) -> type[Runtime]:
         progress("planned", role, replica)
 
     class Reporting(Runtime):
-        async def _setup(self, role: str, replica: int, setup: Any) -> None:
+        async def _setup(self, role: str, replica: int, setup: Any, thread: Any) -> None:
             progress("setup_started", role, replica)
-            await super()._setup(role, replica, setup)
+            await super()._setup(role, replica, setup, thread)
             progress("setup_ended", role, replica)
 
     return Reporting

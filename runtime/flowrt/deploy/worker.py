@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import ctypes
 import importlib.util
-import inspect
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ from flowrt.control import impls
 from flowrt.control.contract import checked_frame, failure, second_frame, waiting_place
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context
+from flowrt.control.threads import ReplicaThread, streams
 from flowrt.deploy import kvpools
 from flowrt.errors import FlowrtError
 from flowrt.logs import SCOPE, Scope, show_log
@@ -85,6 +85,8 @@ class Replica:
                 if node.interface and node.role == self.role_name:
                     self.interfaces[(graph, node.method)] = Interface(node.id, node.out_fields, bool(node.stream))
         self.instance: Any = None
+        self.thread: ReplicaThread | None = None
+        self.methods: dict[str, Any] = {}
         self.tasks: dict[int, asyncio.Task] = {}
         self.credits: dict[int, int] = {}
         self.credit_waiters: dict[int, asyncio.Future] = {}
@@ -153,13 +155,16 @@ class Replica:
         cls = impls.import_impl(self.spec, self.python_path, self.bundle.path)
         self.instance = impls.construct(self.spec, cls, self.python_path, count=1)[0]
         impls.check_instance(self.spec, self.instance)
+        # plain `def` methods run on this replica's worker thread (flowrt.control.threads)
+        self.thread = ReplicaThread(f"{self.role_name}/{self.index}", self.python_path)
+        self.methods = {name: self.thread.bind(getattr(self.instance, name)) for name in self.spec.interfaces}
         setup = getattr(self.instance, "setup", None)
         if setup is not None:
             ctx = Context(
                 "", 0, "", self.role_name, "setup", {}, logging.getLogger(f"flowrt.{self.bundle.name}"), self.index, self.memory
             )
             try:
-                await setup(ctx)
+                await self.thread.setup(setup, ctx)
             except Exception as error:  # noqa: BLE001 - the user's setup: one clear line
                 message, where = failure(error, None, self.python_path)
                 raise FlowrtError(
@@ -173,9 +178,7 @@ class Replica:
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
         self.address = bind(self.socket, self.config["address"])
-        self.generators = sorted(
-            name for name in self.spec.interfaces if inspect.isasyncgenfunction(getattr(self.instance, name, None))
-        )
+        self.generators = sorted(name for name in self.spec.interfaces if streams(getattr(self.instance, name, None)))
         await self.connect_registry()
 
     def progress(self, step: str) -> None:
@@ -232,6 +235,8 @@ class Replica:
         for task in list(self.tasks.values()):
             task.cancel()
         await asyncio.gather(beats, *self.tasks.values(), return_exceptions=True)
+        if self.thread is not None:
+            self.thread.close()
         kvpools.detach(self.memory)
         self.reader.close()
         self.plain.destroy(linger=0)
@@ -303,7 +308,8 @@ class Replica:
             tracked = len(self.credits) + len(self.credit_waiters) + len(self.cancelled)
             pools = getattr(self.memory, "params", None)
             kv = pools.statistics() if pools is not None and pools.pools else {}
-            self.send(peer, m.Stats(m.VERSION, message.token, len(self.tasks), tracked, kv), bare=True)
+            running = len(self.tasks) + (self.thread.running() if self.thread is not None else 0)
+            self.send(peer, m.Stats(m.VERSION, message.token, running, tracked, kv), bare=True)
         elif kind is m.Stop:
             self.stopping.set()
 
@@ -334,7 +340,7 @@ class Replica:
         try:
             if interface is None:
                 raise LookupError(f"role `{self.role_name}` has no interface `{start.interface}` in graph `{start.graph}`")
-            method = getattr(self.instance, start.interface)
+            method = self.methods[start.interface]
             ctx = Context(
                 start.session,
                 start.call_id,

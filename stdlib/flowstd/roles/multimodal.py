@@ -193,7 +193,7 @@ class Embed:
     async def setup(self, ctx) -> None:
         MultimodalRuntime.shared()
 
-    async def encode(self, ctx, text_seg):
+    def encode(self, ctx, text_seg):  # plain: runs on the replica's thread, beside the other encoders
         runtime = MultimodalRuntime.shared()
         ids = runtime.tokenizer.encode(text_seg["text"]) or [runtime.tokenizer.pad_id]
         return {"txt_emb": {"tokens": ids, "hidden": runtime.embedder.embed(ids)}}
@@ -210,7 +210,8 @@ class Vit:
         pixels = image_seg.pixels()
         content = tensor_content_hash(pixels)
         cached = content in runtime.vit_cache
-        rows = await runtime.vit_cache.get(content, lambda: runtime.vit.encode(pixels))
+        # the forward on a worker thread (torch releases the GIL): the VAE encodes beside it
+        rows = await runtime.vit_cache.get(content, lambda: asyncio.to_thread(runtime.vit.encode, pixels))
         return {"vit_emb": {"content": content, "hidden": rows, "cached": cached}}
 
 
@@ -218,10 +219,12 @@ class Vae:
     async def setup(self, ctx) -> None:
         MultimodalRuntime.shared()
 
-    async def encode(self, ctx, image_seg):
+    # plain methods: they run on the replica's thread, so the VAE and the ViT encode an image at
+    # the same time (torch releases the GIL), and the loop stays free for the other roles
+    def encode(self, ctx, image_seg):
         return {"vae_lat": MultimodalRuntime.shared().vae.encode(image_seg.pixels())}
 
-    async def decode(self, ctx, latent):
+    def decode(self, ctx, latent):
         return {"image": GeneratedImage(MultimodalRuntime.shared().vae.decode(latent))}
 
 
