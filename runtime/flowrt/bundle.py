@@ -4,6 +4,10 @@ flowrt.deploy.entry's).
 `load_bundle` reads bundle.json and plan.json, imports every module under nodes/ (each builds
 its `RoleSpec` from literal tables) and checks that they agree with each other. Problems are
 `BundleError`s naming the file and the fix, never tracebacks.
+
+A role none of whose interfaces runs in any graph (an imported library's role the graphs leave
+out: the plan says so) is not part of what runs: `Bundle.roles` holds the roles some graph runs,
+and `Bundle.unreached` names the others, which no deployment imports or starts.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ class Bundle:
     name: str
     manifest: dict
     plan: dict
-    roles: dict[str, RoleSpec]
+    roles: dict[str, RoleSpec]  # the roles some graph runs
+    unreached: tuple[str, ...] = ()  # the roles no graph runs: never imported nor started
 
     @property
     def python_path(self) -> list[Path]:
@@ -66,7 +71,9 @@ def load_bundle(path: Path) -> Bundle:
         raise BundleError(
             f"{path / 'plan.json'} is malformed ({_reason(error)}); rebuild the bundle with `flowc build`"
         ) from None
-    return Bundle(path=path, name=name, manifest=manifest, plan=plan, roles=roles)
+    unreached = tuple(sorted(name for name, spec in roles.items() if not any(i.graphs for i in spec.interfaces.values())))
+    reached = {name: spec for name, spec in roles.items() if name not in unreached}
+    return Bundle(path=path, name=name, manifest=manifest, plan=plan, roles=reached, unreached=unreached)
 
 
 def _reason(error: Exception) -> str:

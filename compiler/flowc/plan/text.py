@@ -10,7 +10,11 @@ def plan_text(plan: StaticPlan) -> str:
     for graph in plan.graphs.values():
         lines += ["", *_graph(graph)]
     lines += ["", "roles:"]
-    lines += [f"  {_role(role)}" for role in plan.roles.values()]
+    run = {node.role for graph in plan.graphs.values() for node in graph.nodes.values() if node.role}
+    lines += [
+        f"  {_role(role)}" + ("" if role.name in run else "; no graph runs it: deployments do not start it")
+        for role in plan.roles.values()
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,7 @@ says so as it imports, constructs and sets up its role; inproc, around each `set
 from __future__ import annotations
 
 import functools
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -41,6 +42,8 @@ STATS_TIMEOUT = 1.0  # seconds /stats waits for the memory manager (the gateway'
 MIN_HEARTBEAT_TTL = 0.3  # seconds: a heartbeat every 0.1 s at the most
 
 __all__ = ["DEPLOYS", "DeployError", "Deployment", "open_deployment", "parse_deploy"]
+
+log = logging.getLogger("flowrt.deploy")
 
 
 def parse_deploy(text: str) -> tuple[str, str | None]:
@@ -145,6 +148,7 @@ async def _open(
 
         memory = InprocMemory()
         bundle = load_bundle(Path(path))
+        _say_left_out(bundle)
         # the pools before the roles' setup(), as a local replica has them: setup may check the
         # KV globals it will use (flowstd's LLM roles refuse a global of the wrong shape there)
         kvpools.attach(memory, bundle.plan, f"{bundle.name}-{uuid.uuid4().hex[:12]}")
@@ -158,6 +162,7 @@ async def _open(
             progress("ready", role, replica)
         return Deployment(kind, runtime, memory=memory)
     bundle = load_bundle(Path(path))
+    _say_left_out(bundle)
     if kind == "ray":
         from flowrt.deploy.ray import RaySupervisor
 
@@ -177,6 +182,13 @@ async def _open(
         raise
     supervisor.memory_down = functools.partial(runtime.fail_all, where="memory manager")
     return Deployment(kind, runtime, supervisor)
+
+
+def _say_left_out(bundle: Any) -> None:
+    """Log the roles no graph runs, which the deployment neither imports nor starts."""
+    if bundle.unreached:
+        names = ", ".join(f"`{name}`" for name in bundle.unreached)
+        log.info("not started: %s (no graph of %s runs them; `flowc plan` shows which roles each graph runs)", names, bundle.name)
 
 
 def _replicas(bundle: Any) -> list[tuple[str, int]]:

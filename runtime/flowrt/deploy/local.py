@@ -6,7 +6,9 @@ It watches each process: one that exits is dropped from the registry at once (it
 with an error naming it) and started again after a backoff (0.25 s doubling to 5 s), at most
 MAX_RESTARTS times in RESTART_WINDOW seconds; one whose heartbeat lapsed is killed and
 restarted the same way. While none of a role's replicas is up, its activations wait for one
-(flowrt.deploy.remote.REPLICA_WAIT); `explain` tells those that waited in vain why. Closing
+(flowrt.deploy.remote.REPLICA_WAIT); `explain` tells those that waited in vain why. Each
+replica process computes with its share of the machine's CPUs ($OMP_NUM_THREADS, set by
+`replica_threads` unless the supervisor's environment sets it). Closing
 stops every process it started (Stop, then SIGTERM, then SIGKILL), by PID, and removes the
 socket directory.
 """
@@ -45,6 +47,7 @@ START_TIMEOUT = 120.0  # seconds for every replica to import, construct, set up 
 STOP_GRACE = 3.0
 RELAY_LINE = 1 << 20  # stderr lines longer than this are relayed in pieces
 CONFIG_ENV = "FLOWRT_REPLICA_CONFIG"
+THREADS_ENV = "OMP_NUM_THREADS"  # sizes torch's intra-op pool, OpenMP, MKL and OpenBLAS in a replica process
 log = logging.getLogger("flowrt.deploy")
 
 
@@ -75,6 +78,25 @@ def exit_text(code: int | None) -> str:
         except ValueError:
             return f"its process was killed by signal {-code}"
     return f"its process exited with status {code}"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def replica_threads(replicas: int, cpus: int | None = None) -> int:
+    """The compute threads each of `replicas` replica processes gets ($OMP_NUM_THREADS): the CPUs
+    shared out among them, at least 1. Left to their default, torch (OpenMP, MKL) in every process
+    starts one thread per CPU, so replicas computing at once run several times as many threads as
+    there are CPUs; OpenMP's threads meet at the end of every operation, and one whose partner
+    was preempted waits for it, so a small model's forward took a scheduler time slice or more
+    instead of a millisecond: image_chat_models reached its image 5-15x later than in process
+    (docs/deploy.md, "CPU threads"). Under Ray, each actor gets its `num_cpus` the same way."""
+    return max(1, (available_cpus() if cpus is None else cpus) // max(1, replicas))
 
 
 class LocalSupervisor:
@@ -251,6 +273,14 @@ class LocalSupervisor:
             if self.failed_start in done:
                 raise DeployError(self.failed_start.result())
 
+    def environment(self, process: Process) -> dict[str, str]:
+        """A replica process's environment: ours, its configuration (not on its command line,
+        which `ps` shows everyone), and its share of the CPUs unless ours says how many threads."""
+        env = {**os.environ, CONFIG_ENV: json.dumps(self.config(process))}
+        if not os.environ.get(THREADS_ENV, "").strip():
+            env[THREADS_ENV] = str(replica_threads(len(self.expected())))
+        return env
+
     def config(self, process: Process) -> dict:
         return {
             "bundle": str(self.bundle.path.resolve()),
@@ -285,7 +315,7 @@ class LocalSupervisor:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, CONFIG_ENV: json.dumps(self.config(process))},
+            env=self.environment(process),
             start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor, which stops its replicas itself
             limit=RELAY_LINE,
         )

@@ -313,6 +313,8 @@ class RaySupervisor(LocalSupervisor):
         from ray.util.placement_group import placement_group
 
         for group in plan.get("placementGroups", []):
+            if not any(member["role"] in self.bundle.roles for member in group["members"]):
+                continue  # the group of roles no graph runs (flowrt.bundle): nothing to reserve for
             bundles = [self._resources(b.get("CPU", 1), b.get("GPU", 0)) for b in group["bundles"]]
             pg = placement_group(bundles, strategy=group.get("strategy", "PACK"), name=f"{self.deployment}-{group['name']}")
             self.groups[group["name"]] = pg
