@@ -7,6 +7,7 @@ shows up as a readable diff. `make golden` rewrites them; a snapshot no test use
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 from pathlib import Path
@@ -30,11 +31,13 @@ os.environ.setdefault("FLOWRT_HOST", "127.0.0.1")
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "golden"
 EXAMPLES = sorted(REPO.glob("examples/*/pipeline.flow"))
-# examples on flowstd's model modules need the `models` extra (torch, tokenizers), which the
-# Python 3.12 pass (`.[dev]` only) does not install
+# examples on flowstd's model modules need the `models` extra (torch, tokenizers, and the media
+# extra's Pillow and soundfile), which the Python 3.12 pass (`.[dev]` only) does not install
 MODEL_MODULES = re.compile(r"^import\s+(llm|multimodal|tokenizer|voice)\b", re.MULTILINE)
-HAVE_MODELS = all(importlib.util.find_spec(name) is not None for name in ("torch", "tokenizers"))
-NO_MODELS = "needs the models extra (pip install 'flowc[models]': torch, tokenizers); this Python has not got it"
+HAVE_MODELS = all(importlib.util.find_spec(name) is not None for name in ("torch", "tokenizers", "PIL", "soundfile"))
+NO_MODELS = (
+    "needs the models extra (pip install 'flowc[models]': torch, tokenizers, Pillow, soundfile); this Python has not got it"
+)
 
 
 def needs_models(pipeline: Path) -> bool:
@@ -72,3 +75,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             yellow=True,
             bold=True,
         )
+
+
+def by_field(lines: list[str], ordered: set[str]) -> dict:
+    """A call's printed events as the language defines them: an ordered stream's frames in
+    order, any other stream's as a multiset, the returned values, and the `done` line last."""
+    events = [json.loads(line) for line in lines]
+    fields: dict = {}
+    for event in events[:-1]:
+        fields.setdefault((event["event"], event["field"]), []).append(json.dumps(event["value"], sort_keys=True))
+    for (kind, name), values in fields.items():
+        if kind == "stream" and name not in ordered:
+            values.sort()
+    return {"fields": fields, "done": events[-1], "last": events[-1]["event"]}

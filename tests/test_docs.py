@@ -116,6 +116,29 @@ def test_relative_links_in_the_docs_resolve():
     assert not broken, broken
 
 
+# A file the docs' prose cites by its path from the repository's root (`runtime/flowrt/...`) or
+# in the sessions' shared folder (`shared/...`, which is not part of the repository); a pipeline's
+# own `tests/GRAPH.input.json` (one level, beside its .flow file) is no citation.
+_CITED = re.compile(
+    r"(?<![\w./-])((?:shared|runtime|compiler|stdlib|tests/[\w.-]+|examples|docs|bench|editors|grammars|cuda|golden)"
+    r"/[\w./-]*\w)"
+)
+# DESIGN.md lives outside the repository; its citations ("shared/DESIGN.md §7") are another issue's
+_NOT_YET = frozenset({"shared/DESIGN.md"})
+
+
+def test_the_docs_cite_only_files_in_the_repository():
+    # issue 33: docs/engines.md cited shared/research/sglang-surface.md, which no reader has
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    missing = [
+        f"{page.relative_to(REPO)}: {cited}"
+        for page in pages
+        for cited in _CITED.findall(re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL))
+        if cited not in _NOT_YET and not (REPO / cited).exists()
+    ]
+    assert not missing, missing
+
+
 def test_the_bundle_guide_describes_this_release():
     bundle = (REPO / "docs/bundle.md").read_text(encoding="utf-8")
     assert "serving them (`flowc run`) and the Ray launcher come next" not in bundle
@@ -139,6 +162,16 @@ def test_every_command_is_in_the_readmes_command_line():
     block = (REPO / "README.md").read_text().split("## The command line", 1)[1].split("```", 2)[1]
     for name in main.commands:
         assert re.search(rf"^flowc {name}\b", block, re.MULTILINE), f"document `flowc {name}` in README's command line"
+
+
+def test_the_readme_lists_graphviz_as_the_svg_prerequisite():
+    # issue 33: `flowc graph --format svg` runs Graphviz's `dot`; the quick start says so, with
+    # the same packages the error names when `dot` is missing
+    from flowc.plan.pictures import INSTALL_GRAPHVIZ
+
+    quick_start = " ".join((REPO / "README.md").read_text().split("## Quick start", 1)[1].split("```", 1)[0].split())
+    assert "`flowc graph --format svg` runs Graphviz's `dot`" in quick_start
+    assert INSTALL_GRAPHVIZ in quick_start
 
 
 CI = (REPO / "docs/ci.md").read_text()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import keyword
-import os
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import click
 from flowc import __version__
 from flowc.check import check_source
 from flowc.citools import commands as ci_commands
-from flowc.cli_support import EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_PIPE, EXIT_USAGE
+from flowc.cli_support import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, FlowcGroup
 from flowc.cli_support import checked_program as _checked_program
 from flowc.cli_support import color as _color
 from flowc.cli_support import color_option as _color_option
@@ -28,28 +27,9 @@ from flowc.cli_support import read_path as _read
 from flowc.diagnostics import Diagnostic, Severity, render_json, render_text, summary_line
 from flowc.fmt import format_source
 from flowc.lsp.scheduler import DEFAULT_DEBOUNCE_S
+from flowc.running import front_door_options
 from flowc.top import top as top_command
 from flowrt.options import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
-
-
-class FlowcGroup(click.Group):
-    """Turns any unexpected exception into one line and exit code 3 (unless --debug)."""
-
-    def invoke(self, ctx: click.Context) -> object:
-        try:
-            return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
-            raise
-        except BrokenPipeError:  # the reader of our output went away (`flowc ... | head`): as a Unix tool on SIGPIPE
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())  # (so the interpreter's last flush fails quietly too)
-            ctx.exit(EXIT_PIPE)
-        except Exception as error:  # noqa: BLE001 - the last line of defence for the user
-            if ctx.params.get("debug"):
-                raise
-            click.echo(f"flowc: internal error: {type(error).__name__}: {error}", err=True)
-            click.echo("this is a bug in flowc; rerun with --debug for the traceback and report it", err=True)
-            ctx.exit(EXIT_INTERNAL)
 
 
 @click.group(cls=FlowcGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -260,7 +240,7 @@ def graph(file: str, picture: str, graph_name: str | None, output: str | None, c
     "--output",
     "out",
     type=click.Path(file_okay=False),
-    help="Directory of the bundle [default: build/<flow name>/ in FILE's directory].",
+    help="Directory of the bundle [default: build/<flow name>_bundle/ in FILE's directory].",
 )
 @click.option(
     "--target",
@@ -286,11 +266,11 @@ def graph(file: str, picture: str, graph_name: str | None, output: str | None, c
 def build(file: str, out: str | None, targets: tuple[str, ...], vendor: bool, check_only: bool, color: bool | None) -> None:
     """Check a .flow file and write its bundle: bundle.json, plan.json, nodes/<role>.py,
     __main__.py and deploy/ manifests. Output is byte-for-byte deterministic. Without -o the
-    bundle goes to build/<flow name>/ beside the file; --check compares instead of writing.
+    bundle goes to build/<flow name>_bundle/ beside the file; --check compares instead of writing.
 
     \b
     Examples:
-      flowc build examples/image_chat/pipeline.flow     # writes examples/image_chat/build/image_chat/
+      flowc build examples/image_chat/pipeline.flow     # writes examples/image_chat/build/image_chat_bundle/
       flowc build examples/image_chat/pipeline.flow -o build/image_chat
       flowc build pipeline.flow -o out --target local --target k8s
       flowc build pipeline.flow -o out --vendor      # a bundle that runs without the source tree
@@ -312,7 +292,7 @@ def build(file: str, out: str | None, targets: tuple[str, ...], vendor: bool, ch
             f"{file}: the flow's name comes from the file's name, {program.root.name!r}, which is not a name "
             "(letters, digits and _, not starting with a digit); add a `flow NAME` line at the top of the file"
         )
-    out_dir = bundles.default_output(Path(file), program.root.name) if out is None else Path(out)
+    out_dir = bundles.default_output(Path(file), program.root.name, check_only) if out is None else Path(out)
     chosen = TARGETS if "all" in targets else tuple(t for t in TARGETS if t in targets)
     try:
         bundle = build_bundle(program, Path(file), out_dir, chosen, vendor=vendor)
@@ -450,6 +430,7 @@ def _prepare_output(out: Path) -> None:
 @click.option("--debug", "run_debug", is_flag=True, help="Log debug records and full tracebacks (as `flowc --debug run`).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True, help="The log on stderr: lines for people, or one JSON object per event (docs/observe.md).")  # fmt: skip
 @click.option("--quiet", is_flag=True, help="Serving: print only the URL line, not how the start goes.")
+@front_door_options  # --api-key, --max-in-flight, --grace, ... (flowrt.frontdoor; docs/security.md)
 @_color_option
 @click.pass_context
 def run(
@@ -473,6 +454,7 @@ def run(
     log_format: str,
     quiet: bool,
     color: bool | None,
+    front: dict,
 ) -> None:
     """Serve a bundle (a directory from `flowc build`) or a .flow file (built to a temporary
     bundle first) over HTTP, or call one graph with --once; --deploy picks where the roles run
@@ -481,7 +463,8 @@ def run(
     \b
     Serving (docs/runtime.md, "Serving"): POST /graphs/GRAPH with a JSON object of entry values
     answers with one JSON event per line, the same lines --once prints; GET /health, /graphs and
-    /stats describe the server. Ctrl-C (or SIGTERM) cancels the calls in flight and stops.
+    /stats describe the server. SIGTERM drains (the calls in flight have --grace seconds to
+    finish); Ctrl-C cancels the calls in flight and stops. API keys, limits: docs/security.md.
 
     \b
     Prints one JSON object per event: {"event": "stream" | "return", "field": F, "value": V},
@@ -531,7 +514,7 @@ def run(
         else:
             bundle_dir = path
         if graph_name is None:
-            running.serve_bundle(bundle_dir, http, ttl, cap, body_mb, placement, debug, quiet)
+            running.serve_bundle(bundle_dir, http, ttl, cap, body_mb, placement, debug, quiet, front)
             return
         code = asyncio.run(running.run_once(bundle_dir, graph_name, inputs, session, seconds, placement, debug, trace_file))
     sys.exit(code)

@@ -1,5 +1,6 @@
-"""What the commands of the `flowc` command line share: exit codes, reading a `.flow` file
-named on the command line, checking it, colour.
+"""What the commands of the `flowc` command line share: the command group's class (internal
+errors, and how an error line reads: `flowc: ...`), exit codes, reading a `.flow` file named on
+the command line, checking it, colour.
 
 `flowc.cli` holds the command group and the compiler's commands; `flowc.citools.commands`
 holds the commands for pipeline authors' CI (`test`, `diff`). Both import this module, so
@@ -8,8 +9,10 @@ neither imports the other.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -60,3 +63,52 @@ def checked_program(file: str, colour: bool | None) -> Program:
 
 
 color_option = click.option("--color/--no-color", default=None, help="Colour the output (default: when a terminal).")
+
+
+def show_error(error: click.ClickException) -> None:
+    """An error click would print as `Error: MESSAGE`, printed as every other error line of flowc
+    reads, `flowc: MESSAGE` (a usage error's usage lines first, as click prints them). An error
+    that prints itself some other way (`flowc` alone shows the help) is left to do so."""
+    if type(error).show not in (click.ClickException.show, click.UsageError.show):
+        error.show()
+        return
+    ctx = getattr(error, "ctx", None)
+    if isinstance(error, click.UsageError) and ctx is not None:
+        help_names = ctx.command.get_help_option_names(ctx) if ctx.command.get_help_option(ctx) is not None else ()
+        hint = f"Try '{ctx.command_path} {max(help_names, key=len)}' for help.\n" if help_names else ""
+        click.echo(f"{ctx.get_usage()}\n{hint}", err=True, color=ctx.color)
+    click.echo(f"flowc: {error.format_message()}", err=True)
+
+
+class FlowcGroup(click.Group):
+    """Turns any unexpected exception into one line and exit code 3 (unless --debug); every error
+    line starts `flowc: `, click's own (`Error: ...`) included."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:  # click's main, less its printing of errors: a command's ctx.exit(N) comes back as N
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as error:
+            show_error(error)
+            sys.exit(error.exit_code)
+        except click.Abort:
+            click.echo("flowc: aborted", err=True)
+            sys.exit(EXIT_ERRORS)
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except BrokenPipeError:  # the reader of our output went away (`flowc ... | head`): as a Unix tool on SIGPIPE
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # (so the interpreter's last flush fails quietly too)
+            ctx.exit(EXIT_PIPE)
+        except Exception as error:  # noqa: BLE001 - the last line of defence for the user
+            if ctx.params.get("debug"):
+                raise
+            click.echo(f"flowc: internal error: {type(error).__name__}: {error}", err=True)
+            click.echo("this is a bug in flowc; rerun with --debug for the traceback and report it", err=True)
+            ctx.exit(EXIT_INTERNAL)

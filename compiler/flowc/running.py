@@ -37,6 +37,35 @@ class Refused(click.ClickException):
     exit_code = 2
 
 
+def front_door_options(command: Any) -> Any:
+    """Add the front door's options (API keys, admission limits, read timeouts, the drain's
+    grace), made into click options from their one definition, flowrt.frontdoor.OPTIONS, which
+    `python -m BUNDLE serve|launch` reads too. `command` gets them together as `front` (what the
+    user wrote, by `Option.dest`; `serve_bundle` checks it); with `--once GRAPH` they are refused."""
+    import functools
+
+    from flowrt.frontdoor import OPTIONS
+
+    @functools.wraps(command)
+    def gathered(*args: Any, **kwargs: Any) -> Any:
+        front = {option.dest: kwargs.pop(option.dest) for option in OPTIONS}
+        given = [option.flag for option in OPTIONS if front[option.dest] not in (None, (), False)]
+        if given and kwargs.get("graph_name") is not None:
+            raise click.UsageError(f"{', '.join(given)}: for serving; leave them out with --once (one call, no server)")
+        return command(*args, front=front, **kwargs)
+
+    for option in reversed(OPTIONS):
+        if option.metavar is None:
+            declared = click.option(option.flag, option.dest, is_flag=True, help=option.help)
+        elif option.repeatable:
+            declared = click.option(option.flag, option.dest, metavar=option.metavar, multiple=True, help=option.help)
+        else:
+            shown = f" [default: {option.default}]" if option.default is not None else ""
+            declared = click.option(option.flag, option.dest, metavar=option.metavar, help=option.help + shown)
+        gathered = declared(gathered)
+    return gathered
+
+
 def parse_input(text: str) -> dict:
     """`--input`: a JSON object, or @FILE holding one."""
     source = "--input"
@@ -272,8 +301,10 @@ def serve_bundle(
     placement: dict | None = None,
     debug: bool = False,
     quiet: bool = False,
+    front: dict | None = None,
 ) -> None:
-    """Serve over HTTP until SIGINT or SIGTERM, showing how the start goes unless `quiet`."""
+    """Serve over HTTP until SIGINT or SIGTERM, showing how the start goes unless `quiet`;
+    `front`: the front-door options as given (flowc.serve_options), checked here."""
     try:
         from flowrt.deploy.serving import CannotListen, Stopped, serve
         from flowrt.gateway import parse_address
@@ -281,12 +312,17 @@ def serve_bundle(
         raise click.ClickException(f"serving needs aiohttp ({error}); reinstall flowc: pip install flowc") from None
     from flowc.progress import Startup
     from flowrt.control import FlowrtError
+    from flowrt.frontdoor import front_door
     from flowrt.logs import log_format
 
     try:
         host, port = parse_address(http)
     except ValueError as error:
         raise Refused(f"--http takes HOST:PORT: {error}") from None
+    try:
+        door = front_door(front or {})
+    except ValueError as error:
+        raise Refused(str(error)) from None
     startup = Startup.for_stream(sys.stderr, quiet=quiet or log_format() == "json")
     try:
         asyncio.run(
@@ -299,6 +335,7 @@ def serve_bundle(
                 max_body_mb=max_body_mb,
                 debug=debug,
                 progress=startup,
+                front=door,
                 **(placement or {}),
             )
         )

@@ -21,6 +21,13 @@ class FlowrtError(Exception):
     """A problem a user can fix: a missing impl, a bad input, an unknown graph."""
 
 
+class BadInput(FlowrtError, ValueError):
+    """Raised by a role: the request it was given cannot be served, and it is the caller's to fix
+    (a corrupt image, a parameter out of range). The call's error says so (`"bad_input": true`),
+    and the HTTP gateway answers 400 with the message, not 500 (docs/runtime.md, "Roles"); the
+    message goes to the caller as it is, so it should name the part of the request and the fix."""
+
+
 class UnknownGraph(FlowrtError):
     """A call named a graph the bundle does not have."""
 

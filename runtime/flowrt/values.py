@@ -1,6 +1,10 @@
 """JSON summaries of values for events: JSON values pass through, tensors become their shape
 and dtype, anything else a short description (DESIGN §5: `{"tensor": {"shape": [...], ...}}`),
-and `event_json`, the one line an event prints as (`flowc run --once` and the HTTP server)."""
+and `event_json`, the one line an event prints as (`flowc run --once` and the HTTP server).
+
+With `media=True`, a value that has a `media()` method (flowstd's images and audio) is carried in
+full instead: `media()` gives `{"format": "png" | "wav", "base64": ..., ...}` (flowrt.media.carried).
+Summaries stay the default; a failing `media()` is described like a failing `summary()`."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ def _plain(mapping: dict) -> bool:
     return True
 
 
-def summarize(value: Any, depth: int = 0) -> Any:
+def summarize(value: Any, depth: int = 0, *, media: bool = False) -> Any:
     if type(value) in _SCALARS or isinstance(value, (bool, int, float, str)) or value is None:
         return value
     if depth > 16:
@@ -29,22 +33,26 @@ def summarize(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict):
         if type(value) is dict and _plain(value):
             return value  # nothing to change: no copy
-        return {str(k): summarize(v, depth + 1) for k, v in value.items()}
+        return {str(k): summarize(v, depth + 1, media=media) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [summarize(v, depth + 1) for v in value]
+        return [summarize(v, depth + 1, media=media) for v in value]
     try:  # a role's object whose `shape` or `summary()` fails is described, not a crash of the stream
         if hasattr(value, "shape") and hasattr(value, "dtype"):
             return {"tensor": {"shape": [int(d) for d in value.shape], "dtype": str(value.dtype).removeprefix("torch.")}}
         if isinstance(value, (bytes, bytearray)):
             return {"bytes": {"length": len(value)}}
+        carried = getattr(value, "media", None) if media else None
+        if callable(carried):
+            return summarize(carried(), depth + 1)
         summary = getattr(value, "summary", None)
         if callable(summary):
-            return summarize(summary(), depth + 1)
+            return summarize(summary(), depth + 1, media=media)
     except Exception as error:  # noqa: BLE001 - user code: its failure is part of the description
         return {"object": type(value).__name__, "error": f"{type(error).__name__}: {error}"}
     return {"object": type(value).__name__}
 
 
-def event_json(event: dict[str, Any]) -> str:
-    """One event as one line of JSON (no newline): its values summarised."""
-    return _ENCODE(summarize(event))
+def event_json(event: dict[str, Any], *, media: bool = False) -> str:
+    """One event as one line of JSON (no newline): its values summarised, or with `media` its
+    images and audio in full (see the module docstring)."""
+    return _ENCODE(summarize(event, media=media))

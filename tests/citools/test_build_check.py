@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -147,14 +149,55 @@ def test_a_file_that_cannot_be_read_is_one_line_exit_two(project):
 def test_without_o_the_bundle_goes_to_build_beside_the_file(project):
     result = flowc("build", "diamond/pipeline.flow", cwd=project)
     assert result.returncode == 0, result.stderr
-    out = project / "diamond" / "build" / "diamond"
-    assert result.stdout.startswith("wrote diamond/build/diamond: ")
+    out = project / "diamond" / "build" / "diamond_bundle"
+    assert result.stdout.startswith("wrote diamond/build/diamond_bundle: ")
     assert snapshot_of(out)["plan.json"] == (project / "bundle" / "plan.json").read_bytes()
     assert flowc("build", "diamond/pipeline.flow", "--check", cwd=project).returncode == 0
     # the bundle runs from there: its roles are found beside the .flow file
     call = flowc("run", str(out), "--once", "describe", "--input", "@diamond/request.json", cwd=project)
     assert call.returncode == 0, call.stderr
     assert '"frame 2: green owl"' in call.stdout
+
+
+def test_the_default_bundle_serves_with_python_m_from_its_parent(project):
+    # issue 33: the default directory was build/diamond/, named like the roles' package
+    # (`impl "diamond.roles:..."`), so `cd build && python -m diamond serve` imported the bundle
+    # in its place and could not open
+    assert flowc("build", "diamond/pipeline.flow", cwd=project).returncode == 0
+    build = project / "diamond" / "build"
+    assert [p.name for p in build.iterdir()] == ["diamond_bundle"]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "diamond_bundle", "serve", "--http", "127.0.0.1:0"],
+        cwd=build,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("serving diamond on http://127.0.0.1:"), line + server.stderr.read()
+        url = line.split(" on ", 1)[1].strip()
+        request = urllib.request.Request(f"{url}/graphs/describe", data=(project / "diamond" / "request.json").read_bytes())
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            events = [json.loads(line) for line in answer.read().decode().splitlines()]
+        assert events[-1]["status"] == "ok" and "frame 2: green owl" in json.dumps(events)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=60)
+    assert server.returncode == 0
+
+
+def test_check_without_o_finds_a_bundle_in_the_earlier_default_place(project):
+    # flowc 0.1.0 wrote build/<flow name>/: a committed bundle there is still checked until rebuilt
+    earlier = project / "diamond" / "build" / "diamond"
+    assert flowc("build", "diamond/pipeline.flow", "-o", "diamond/build/diamond", cwd=project).returncode == 0
+    assert flowc("build", "diamond/pipeline.flow", "--check", cwd=project).returncode == 0
+    (earlier / "plan.json").write_text("{}")
+    stale = flowc("build", "diamond/pipeline.flow", "--check", cwd=project)
+    assert stale.returncode == 1 and "diamond/build/diamond " in stale.stderr, stale.stderr
+    # once built in the new place, that is the one checked
+    assert flowc("build", "diamond/pipeline.flow", cwd=project).returncode == 0
+    assert flowc("build", "diamond/pipeline.flow", "--check", cwd=project).returncode == 0
 
 
 def test_o_still_wins_and_stdin_needs_it(project):

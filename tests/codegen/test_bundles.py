@@ -89,7 +89,8 @@ for module_path in sorted((bundle / "nodes").glob("*.py")):
     spec.loader.exec_module(module)
     assert module.SPEC.name == module_path.stem
 from flowrt.bundle import load_bundle
-print(len(load_bundle(bundle).roles))
+loaded = load_bundle(bundle)
+print(len(loaded.roles) + len(loaded.unreached))
 assert not {"flowc", "lark", "jinja2"} & {m.split(".")[0] for m in sys.modules}
 """
 
@@ -118,7 +119,11 @@ def test_module_tables_equal_the_static_plan(path):
                 continue
             role, interface = node_id.split(".")
             assert bundle.roles[role].as_literal()[interface][graph_name] == node
+    ran = {node_id.split(".")[0] for graph in plan["graphs"].values() for node_id, n in graph["nodes"].items() if n["kind"] == "interface"}
+    assert sorted(set(plan["roles"]) - ran) == list(bundle.unreached)  # roles no graph runs: loaded, never started
     for role_name, role in plan["roles"].items():
+        if role_name in bundle.unreached:
+            continue
         spec = bundle.roles[role_name]
         assert (spec.impl, spec.replicas, spec.lb, spec.gpus, spec.share_gpus_with) == (
             role["impl"],

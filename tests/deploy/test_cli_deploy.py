@@ -134,7 +134,7 @@ def test_deploy_options_that_cannot_work_are_refused_in_one_line(tmp_path):
     port = free_port()
     ray = flowc("run", str(bundle), "--deploy", f"ray=127.0.0.1:{port}", "--once", "g", "--input", '{"request": 1}')
     assert ray.returncode == 2
-    assert ray.stderr.strip().splitlines()[-1].startswith(f"Error: cannot reach the Ray cluster at 127.0.0.1:{port}")
+    assert ray.stderr.strip().splitlines()[-1].startswith(f"flowc: cannot reach the Ray cluster at 127.0.0.1:{port}")
     ttl = flowc("run", str(bundle), "--heartbeat-ttl", "5", "--once", "g", "--input", '{"request": 1}')
     assert ttl.returncode == 2 and "--heartbeat-ttl is for --deploy local or ray" in ttl.stderr
     for bad in ("0", "-1", "nan", "abc"):

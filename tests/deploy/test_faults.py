@@ -174,9 +174,16 @@ def test_garbage_on_the_sockets_is_logged_and_dropped(tmp_path, capfd, caplog):
             supervisor = deployment.supervisor
             context = zmq.asyncio.Context()
             try:
+                # (peers holding the deployment's keys, a buggy one's garbage: without them nothing
+                # even arrives, tests/deploy/test_attacks.py)
+                address = supervisor.remote.links[("worker", 0)].record.address
                 replica = context.socket(zmq.DEALER)
-                replica.connect(supervisor.remote.links[("worker", 0)].record.address)
+                replica.setsockopt(zmq.LINGER, 0)
+                supervisor.keys.dial(replica, "gateway", address)
+                replica.connect(address)
                 registry = context.socket(zmq.PUSH)
+                registry.setsockopt(zmq.LINGER, 0)
+                supervisor.keys.dial(registry, "member", supervisor.registry_endpoint)
                 registry.connect(supervisor.registry_endpoint)
                 from flowrt.transport import messages as m
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, REPO
+from tests.conftest import EXAMPLES, REPO, by_field
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, calls, deployed
 
 PIDS = """
@@ -39,19 +39,6 @@ class Who:
     async def run(self, ctx, request):
         return {"pid": os.getpid()}
 """
-
-
-def by_field(lines: list[str], ordered: set[str]) -> dict:
-    """A call's printed events as the language defines them: an ordered stream's frames in
-    order, any other stream's as a multiset, the returned values, and the `done` line last."""
-    events = [json.loads(line) for line in lines]
-    fields: dict = {}
-    for event in events[:-1]:
-        fields.setdefault((event["event"], event["field"]), []).append(json.dumps(event["value"], sort_keys=True))
-    for (kind, name), values in fields.items():
-        if kind == "stream" and name not in ordered:
-            values.sort()
-    return {"fields": fields, "done": events[-1], "last": events[-1]["event"]}
 
 
 def where_pages_came_from(line: str) -> str:

@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the example's models run on torch: pip install 'flowc[models]'")
 pytest.importorskip("tokenizers", reason="the example tokenizes with flowstd.tokenizer: pip install 'flowc[models]'")
+pytest.importorskip("soundfile", reason="the voice frontend reads WAV files with soundfile: pip install 'flowc[models]'")
 
 import torch  # noqa: E402
 

@@ -15,7 +15,9 @@ import pytest
 
 pytest.importorskip("torch", reason="the voice roles run on torch: pip install 'flowc[models]'")
 pytest.importorskip("tokenizers", reason="the voice roles tokenize with flowstd.tokenizer: pip install 'flowc[models]'")
+pytest.importorskip("soundfile", reason="the voice frontend reads WAV files with soundfile: pip install 'flowc[models]'")
 
+from flowrt.errors import FlowrtError  # noqa: E402
 from flowstd.models import AudioEncoderConfig  # noqa: E402
 from flowstd.roles import voice  # noqa: E402
 from flowstd.tokenizer import Tokenizer  # noqa: E402
@@ -44,6 +46,21 @@ def parse(request) -> list[dict]:
     return asyncio.run(run())
 
 
+def test_other_rates_are_resampled_and_channels_mixed():
+    """A WAV at 8 kHz, and raw samples said to be at 8 kHz, come out at 16 kHz (twice the samples);
+    a stereo WAV whose two channels are the clip is the clip (flowrt.media)."""
+    both = struct.pack(f"<{2 * len(SAMPLES)}h", *(value for value in SAMPLES for _ in range(2)))  # L, R, L, R, ...
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(2), out.setsampwidth(2), out.setframerate(16000), out.writeframes(both)
+    stereo = base64.b64encode(buffer.getvalue()).decode()
+    assert voice.audio_clip({"type": "audio", "format": "wav", "data": stereo}, 0).pcm16 == PCM
+    slow = voice.audio_clip({"type": "audio", "format": "wav", "data": wav(rate=8000)}, 0)
+    raw = voice.audio_clip({"type": "audio", "format": "pcm16", "data": base64.b64encode(PCM).decode(), "sample_rate": 8000}, 0)
+    assert slow.samples == raw.samples == 2 * len(SAMPLES) and slow.pcm16 == raw.pcm16
+    assert slow.pcm16[:4] == PCM[:2] + slow.pcm16[2:4] and slow.pcm16[4:6] == PCM[2:4]  # every other sample is an input's
+
+
 def test_every_audio_form_gives_the_same_clip():
     assert AudioEncoderConfig().min_samples == voice.MIN_SAMPLES
     forms = [
@@ -55,17 +72,35 @@ def test_every_audio_form_gives_the_same_clip():
     clips = [voice.audio_clip(form, 0) for form in forms]
     assert all(clip.pcm16 == PCM for clip in clips), [clip.samples for clip in clips]
     assert clips[0].waveform().shape == (400,)
+    carried = clips[0].media()  # the clip carried in full: a PCM16 WAV of its samples
+    assert (carried["format"], carried["sample_rate"], carried["samples"], carried["clip"]) == ("wav", 16000, 400, 0)
+    with wave.open(io.BytesIO(base64.b64decode(carried["base64"]))) as file:
+        assert file.readframes(400) == PCM
 
 
 @pytest.mark.parametrize(
     ("segment", "words"),
     [
-        ({"type": "audio", "format": "wav", "data": wav(rate=8000)}, "audio at 8000 Hz; the audio encoder takes 16000 Hz"),
-        ({"type": "audio", "format": "wav", "data": wav(channels=2)}, "give mono 16-bit PCM"),
-        ({"type": "audio", "format": "pcm16", "data": base64.b64encode(PCM[:200]).decode()}, "a clip of 100 samples; give 201"),
-        ({"type": "audio", "format": "mp3", "data": wav()}, "audio `format` is wav or pcm16"),
-        ({"type": "audio", "format": "wav", "data": "not base64!"}, "`data` is base64 text"),
+        ({"type": "audio", "format": "wav", "data": wav(rate=32000)}, "a clip of 200 samples at 16000 Hz; give 201"),
+        (
+            {"type": "audio", "format": "pcm16", "data": base64.b64encode(PCM[:200]).decode()},
+            "a clip of 100 samples at 16000 Hz; give 201",
+        ),
+        ({"type": "audio", "format": "mp3", "data": wav()}, "audio `format` is wav, flac, ogg or pcm16, not 'mp3'"),
+        ({"type": "audio", "format": "wav", "data": "not base64!"}, "the audio is not valid base64"),
+        (
+            {"type": "audio", "format": "wav", "data": "https://example.com/a.wav"},
+            "is a remote URL, and the server fetches nothing",
+        ),
+        (
+            {"type": "audio", "format": "pcm16", "data": base64.b64encode(PCM).decode(), "sample_rate": 0},
+            "`sample_rate` is a whole number",
+        ),
         ({"type": "audio"}, "an audio segment needs `data`"),
+        (  # raw audio is held to the duration limit before it is resampled
+            {"type": "audio", "format": "pcm16", "data": base64.b64encode(PCM).decode(), "sample_rate": 1},
+            "a clip of 400 samples at 1 Hz; give 1 to 30 (30 s: FLOWRT_MAX_AUDIO_SECONDS)",
+        ),
     ],
 )
 def test_a_clip_the_encoder_cannot_take_is_refused_naming_the_fix(segment, words):
@@ -95,7 +130,7 @@ def test_a_turns_layout_frames_the_users_segments_and_puts_replies_back_by_id():
 @pytest.mark.parametrize(
     ("request_", "words"),
     [
-        ({"messages": [{"role": "user", "content": "hi"}]}, "this is an OpenAI chat body: the voice module takes segments"),
+        ({"segments": []}, "or an OpenAI chat body"),
         ({"segments": [{"type": "reply", "tokens": [5]}]}, "segment 0: a reply answers a user turn"),
         ({"segments": [{"type": "text", "text": "hi"}, {"type": "reply", "tokens": [5]}]}, "the request ends with a reply"),
         ({"segments": [{"type": "text", "text": "hi"}, {"type": "reply", "tokens": [9999]}]}, "outside the vocabulary of 3072"),
@@ -105,7 +140,7 @@ def test_a_turns_layout_frames_the_users_segments_and_puts_replies_back_by_id():
     ],
 )
 def test_a_request_the_frontend_cannot_read_is_refused_naming_the_fix(request_, words):
-    with pytest.raises(voice.FlowrtError) as raised:
+    with pytest.raises(FlowrtError) as raised:
         parse(request_)
     assert words in str(raised.value)
 

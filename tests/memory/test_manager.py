@@ -1,6 +1,7 @@
 """The MemoryManager on its socket (in a thread of the test, over real ZMQ ipc): garbage is
-counted and dropped and it keeps answering; refusals come back as errors; a dead client's refs
-and a dead gateway's calls are released by the sweep; weights and the barrier."""
+counted and dropped and it keeps answering; refusals come back as errors; a client that timed out
+fails fast but takes a restarted manager at once; a dead client's refs and a dead gateway's calls
+are released by the sweep; weights and the barrier."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import msgspec
 import pytest
@@ -94,13 +96,40 @@ def test_a_client_fails_fast_after_a_timeout_instead_of_waiting_again(manager):
         client.socket.connect(quiet)
         with pytest.raises(MemoryUnavailable, match="did not answer Statistics within 0.3s"):
             client.statistics()
-        with pytest.raises(MemoryUnavailable, match="a moment ago"):  # at once: no second wait
-            client.statistics()
+        with pytest.raises(MemoryUnavailable, match="has not answered since though its connection is open"):
+            client.statistics()  # at once: no second wait
         assert silent.poll(1000) and len(silent.recv_multipart()) == 2  # the first one did go out
         assert not silent.poll(100)  # the second never did
     finally:
         client.close()
         silent.close()
+        remove_dir(directory)
+
+
+def test_a_client_says_its_manager_is_down_and_takes_its_successor_at_once():
+    """After a request timed out, a client fails fast for a while; but once a manager accepts its
+    connection again (the supervisor restarted it on the same endpoint), the next request goes to
+    it, and while none does the error says the manager is down (issue 32, item 7)."""
+    from flowrt.memory.client import MemoryUnavailable
+
+    directory = private_dir()
+    endpoint = ipc_endpoint(directory, "memory")
+    client = None
+    try:
+        with threaded_manager(endpoint=endpoint):
+            client = MemoryClient(endpoint, "client", "test", timeout=2.0)
+            assert "blocks" in client.statistics()
+        with pytest.raises(MemoryUnavailable, match="did not answer Statistics within 2s"):
+            client.statistics()  # the manager is gone: this one waits its 2 s
+        started = time.monotonic()
+        with pytest.raises(MemoryUnavailable, match="no memory manager has accepted this process's connection since"):
+            client.statistics()  # what is true now: it is down
+        assert time.monotonic() - started < 1.0  # (a moment for a successor to take the connection, not 2 s again)
+        with threaded_manager(endpoint=endpoint):  # the successor, within the 2 s the client keeps quiet
+            assert "blocks" in client.statistics()
+    finally:
+        if client is not None:
+            client.close()
         remove_dir(directory)
 
 

@@ -2,7 +2,9 @@
 tensor kept from before a manager restart is copied, never confused with a block of the new
 pool; a stream of ordinary tensors that outruns the pool is pickled instead of failing; a
 kv_pool_barrier agreed before a manager restart holds for a replica restarted after it; a
-stopped manager fails requests without getting replicas killed; tensors whose layout a handle
+stopped manager fails requests without getting replicas killed; a call made once a killed
+manager was restarted works, even from a process whose last request timed out (issue 32, item 7);
+tensors whose layout a handle
 cannot carry (conjugate and negative views, sparse CSR, quantized, nested) arrive as they do
 under inproc; and inputs a replica cannot map are answered with an error, not dropped."""
 
@@ -242,6 +244,35 @@ def test_a_stopped_manager_fails_requests_without_getting_replicas_killed(bundle
                 await asyncio.sleep(0.1)
             assert events[-1]["status"] == "ok", events
             assert supervisor.restarted == 0  # no heartbeat lapsed while the manager was stopped
+
+    asyncio.run(main())
+
+
+def test_a_call_made_once_a_killed_manager_was_restarted_works(bundle):
+    """Issue 32, item 7: a replica's request timed out (its manager was stopped), the manager was
+    then killed with -9 and restarted; a call made after that failed for the rest of the client's
+    quiet period, "did not answer within 5 s a moment ago", though a manager was there again."""
+
+    async def main():
+        async with deployed(bundle, pool_mb=16, heartbeat_ttl=15) as deployment:  # replicas' requests: 5 s
+            supervisor = deployment.supervisor
+            manager = supervisor.manager
+            assert (await calls(deployment.runtime, "fill", {"request": 1}))[-1]["status"] == "ok"
+            first = manager.pid
+            os.kill(first, signal.SIGSTOP)
+            try:
+                events = await calls(deployment.runtime, "fill", {"request": 1})  # its Alloc waits 5 s, then fails
+                assert events[-1]["status"] != "ok" and "did not answer Alloc within 5s" in str(events[-1]["errors"])
+                events = await calls(deployment.runtime, "fill", {"request": 1})  # at once: what is true now
+                message = str(events[-1]["errors"])
+                assert events[-1]["status"] != "ok" and "has not answered since though its connection is open" in message
+            finally:
+                os.kill(first, signal.SIGKILL)
+            await wait_for(lambda: manager.pid not in (None, first), 30, "a new memory manager")
+            await wait_for(lambda: "blocks" in deployment.memory_statistics(), 30, "the new manager answering")
+            events = await calls(deployment.runtime, "fill", {"request": 1})  # well within the 5 s of quiet
+            assert events[-1]["status"] == "ok", events[-1]
+            assert supervisor.restarted == 0
 
     asyncio.run(main())
 

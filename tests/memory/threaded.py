@@ -16,13 +16,14 @@ from flowrt.transport.sockets import bind, ipc_endpoint, private_dir, remove_dir
 
 
 @contextlib.contextmanager
-def threaded_manager(pool_bytes: int = 1 << 20) -> Iterator[MemoryManager]:
-    """A manager answering on `manager.endpoint` until the block ends; its files are gone after."""
-    directory = private_dir()
+def threaded_manager(pool_bytes: int = 1 << 20, endpoint: str | None = None) -> Iterator[MemoryManager]:
+    """A manager answering on `manager.endpoint` (a new private one unless given: a successor
+    on the endpoint of one that stopped) until the block ends; its files are gone after."""
+    directory = private_dir() if endpoint is None else None
     manager = MemoryManager(pool_bytes)
     context = zmq.Context()
     socket = context.socket(zmq.ROUTER)
-    manager.endpoint = bind(socket, ipc_endpoint(directory, "memory"))
+    manager.endpoint = bind(socket, endpoint if directory is None else ipc_endpoint(directory, "memory"))
     stop = threading.Event()
     thread = threading.Thread(target=serve, args=(manager, socket, None, stop.is_set), daemon=True)
     thread.start()
@@ -33,5 +34,6 @@ def threaded_manager(pool_bytes: int = 1 << 20) -> Iterator[MemoryManager]:
         thread.join(5)
         context.destroy(linger=0)
         manager.close()
-        remove_dir(directory)
+        if directory is not None:
+            remove_dir(directory)
     assert not os.path.exists(manager.slab)

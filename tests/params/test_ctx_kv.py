@@ -1,6 +1,7 @@
 """`ctx.kv(name)` in a real flow: a role that `uses kv` reuses its session's pages on turn 2
 (counted), under inproc and local; with two replicas and Redis metadata, turn 2 on the other
-replica process finds turn 1's pages in the first one's L2."""
+replica process finds turn 1's pages in the first one's L2, and page locations rewritten in that
+Redis (pointing at another session's slots) change no answer: counted misses, recomputed."""
 
 from __future__ import annotations
 
@@ -156,6 +157,78 @@ def test_turn_two_on_the_other_replica_reads_turn_ones_pages_from_its_l2(tmp_pat
             assert three["pid"] == one["pid"] and three["values"] == expected(tokens)
             assert (three["reused"], three["computed"]) == (6, 3)
             assert three["sources"] == ["device"] * 4 + ["peer"] * 2
+
+    with redis_server(port):
+        asyncio.run(scenario())
+
+
+async def reply(deployment, tokens: list[int], session: str) -> dict:
+    events = await calls(deployment.runtime, "chat", {"request": {"tokens": tokens}}, session=session)
+    return next(e for e in events if e.get("field") == "reply")["value"]
+
+
+def point_pages_at_other_pages(server: redis.Redis, victim: str, other: str) -> int:
+    """Rewrite, in the store's own key layout (flowrt.params.meta.redis_store), where the provider
+    of session `victim`'s pages keeps them: at the slots of session `other`'s pages. How many."""
+    (victim_chain,) = [key for key in server.scan_iter("flowkv:*:chain:*") if key.endswith(f":{victim}")]
+    prefix, _, rest = victim_chain.partition(":chain:")
+    full = rest.rsplit(":", 1)[0]
+    mine, theirs = server.lrange(victim_chain, 0, -1), server.lrange(f"{prefix}:chain:{full}:{other}", 0, -1)
+    rewritten = 0
+    for page, their_page in zip(mine, theirs, strict=False):
+        fields, their_fields = (
+            server.hgetall(f"{prefix}:page:{full}:{page}"),
+            server.hgetall(f"{prefix}:page:{full}:{their_page}"),
+        )
+        for member in fields:
+            if member in their_fields:
+                server.hset(f"{prefix}:page:{full}:{page}", member, their_fields[member])
+                rewritten += 1
+    return rewritten
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (the CI machine has it)")
+def test_page_locations_rewritten_in_redis_change_no_answer_and_are_counted(tmp_path, monkeypatch):
+    """Issue 32's attack on real processes: session `victim`'s page locations in the metadata Redis
+    are made to point at the slots of session `other`'s pages (same provider). Turn 2 of victim on
+    the other replica answers as without tampering (recomputed, not read), the mismatches are
+    counted (pool statistics and /metrics), and a fresh session on that replica answers right."""
+    port = free_port()
+    monkeypatch.setenv("FLOWRT_KV_META", f"redis://127.0.0.1:{port}/0")
+    history, others = list(range(1, 70)), list(range(500, 569))  # 4 full pages each, other values
+    longer = history + list(range(200, 240))
+
+    async def scenario():
+        from flowrt.deploy.observed import gatherer
+        from flowrt.observe.deployment import DeploymentMetrics
+
+        async with deployed(build(tmp_path, 2), "local") as deployment:
+            one = await reply(deployment, history, "victim")  # round robin: replica A
+            await reply(deployment, [1], "filler")  # replica B (no full page: nothing stored)
+            three = await reply(deployment, others, "other")  # replica A again: both sessions' pages there
+            assert three["pid"] == one["pid"] and three["values"] == expected(others)
+            server = redis.Redis(port=port, decode_responses=True)
+            try:
+                assert point_pages_at_other_pages(server, "victim", "other") == 4
+            finally:
+                server.close()
+            two = await reply(deployment, longer, "victim")  # replica B: reads A's L2 through the store
+            assert two["pid"] != one["pid"]
+            assert two["values"] == expected(longer)  # the answer without tampering
+            assert (two["reused"], two["computed"]) == (0, 6)  # recomputed: nothing of `other`'s was used
+            await reply(deployment, [1], "filler")  # replica A
+            fresh = await reply(deployment, longer, "fresh")  # replica B: a session that was never tampered with
+            assert fresh["pid"] == two["pid"] and fresh["values"] == expected(longer)
+            assert (fresh["reused"], fresh["sources"]) == (6, ["device"] * 6)
+            stats = await deployment.statistics()
+            mismatched = {pid: p["kv"]["kv"]["mismatched_pages"] for pid, p in stats["processes"].items() if "kv" in p}
+            assert sorted(mismatched.values()) == [0, 4], mismatched
+            metrics = DeploymentMetrics(gatherer(deployment))
+            await metrics.refresh()
+            text = metrics.exposition().decode()
+            assert any(
+                line.startswith("flowrt_kv_mismatched_pages_total{") and line.endswith(" 4.0") for line in text.splitlines()
+            ), text
 
     with redis_server(port):
         asyncio.run(scenario())

@@ -1,6 +1,7 @@
 """Two processes of one machine share KV pages through L2 and the Redis metadata store: one writes
-a session's pages, the other finds them by prefix match and reads them in place (no copy); and
-a Redis that dies or whose script fails loses nothing from L1/L2."""
+a session's pages, the other finds them by prefix match and reads them in place (no copy); a
+Redis that dies or whose script fails loses nothing from L1/L2; and page locations rewritten in
+Redis to point at another session's slots are misses (counted), never that session's K/V."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ WRITER = textwrap.dedent(
     pool = KVPool(LAYOUT, device_pages=8, host_pages=16, store=RedisStore.connect(url, deployment),
                   deployment=deployment, node="writer")
     pages = write(pool, "chat-1", keys("p", 6), seed=7)
-    print(json.dumps({"host": str(pool.host.path), "pages": [page.flatten().tolist() for page in pages]}), flush=True)
+    others = write(pool, "chat-2", keys("q", 6), seed=8)  # another session's pages, in other slots
+    print(json.dumps({"host": str(pool.host.path), "pages": [page.flatten().tolist() for page in pages],
+                      "others": [page.flatten().tolist() for page in others]}), flush=True)
     sys.stdin.readline()  # keep the pages (and the process) until the test is done reading
     pool.close()
     """
@@ -207,3 +210,78 @@ def test_odd_descriptors_are_ignored_and_never_block(tmp_path):
     finally:
         for path in made:
             path.unlink(missing_ok=True)
+
+
+def as_pages(told: list) -> list[torch.Tensor]:
+    return [torch.tensor(page).view(len(LAYOUT.chunks()), *LAYOUT.item_shape) for page in told]
+
+
+def test_page_locations_rewritten_in_redis_are_counted_misses_and_poison_nobody(caplog):
+    """The attack of issue 32: someone who can write to the metadata Redis points session chat-1's
+    pages at the slots where the writer keeps session chat-2's. A reader must not take chat-2's
+    K/V for chat-1's: the slots' labels say which page they hold, so each is a miss (recomputed),
+    counted and logged; what the reader then computes is right, for this session and a fresh one."""
+    port = free_port()
+    url, deployment = f"redis://127.0.0.1:{port}/0", f"tamper-{uuid.uuid4().hex[:8]}"
+    with redis_server(port):
+        writer, told = start_writer(url, deployment)
+        reader = KVPool(
+            LAYOUT,
+            device_pages=16,
+            host_pages=16,
+            store=RedisStore.connect(url, deployment),
+            deployment=deployment,
+            node="reader",
+        )
+        server = redis.Redis(port=port, decode_responses=True)
+        try:
+            mine, theirs = as_pages(told["pages"]), as_pages(told["others"])
+            layout_id = reader.layout_id
+            prefix = f"flowkv:{{{deployment}}}:"  # the store's own key layout (redis_store.py)
+            member = f"writer|{layout_id}"
+            for own, other in zip(keys("p", 6), keys("q", 6), strict=True):
+                where = server.hget(f"{prefix}page:{layout_id}:{other}", member)
+                assert where is not None and where.startswith("@")
+                server.hset(f"{prefix}page:{layout_id}:{own}", member, where)  # chat-1's page i "is" at chat-2's slot i
+            with caplog.at_level("WARNING", logger="flowrt.params"):
+                hit = asyncio.run(reader.match("chat-1", keys("p", 6), "turn-2"))
+            assert hit.pages == 0 and reader.counters.peer_pages == 0  # nothing of chat-2's reached L1
+            assert reader.statistics()["mismatched_pages"] == 6
+            assert "does not hold page" in caplog.text
+            with reader.read_shared("chat-1", keys("p", 6)) as shared:  # in place, no copy: refused too
+                assert shared.pages == 0
+            assert reader.statistics()["mismatched_pages"] == 12
+            # turn 2 recomputes the pages (here: writes the right K/V) and commits them
+            slots = reader.allocate(keys("p", 6), "turn-2")
+            for slot, page in zip(slots, mine, strict=True):
+                for chunk, stack in enumerate(reader.device.stacks):
+                    stack[slot] = page[chunk]
+            reader.commit("chat-1", keys("p", 6), "turn-2", start=0)
+            reader.release("turn-2")
+            # a fresh session on this replica finds chat-1's pages by hash: the right ones
+            fresh = asyncio.run(reader.match("fresh", keys("p", 6), "fresh"))
+            assert fresh.pages == 6 and set(fresh.sources) == {"device"}
+            for slot, page in zip(fresh.slots, mine, strict=True):
+                assert torch.equal(page_in_l1(reader, slot), page)
+            reader.release("fresh")
+            # and chat-2, read from the writer by another process, is untouched
+            other = KVPool(
+                LAYOUT,
+                device_pages=8,
+                host_pages=8,
+                store=RedisStore.connect(url, deployment),
+                deployment=deployment,
+                node="other",
+            )
+            try:
+                hit = asyncio.run(other.match("chat-2", keys("q", 6), "r"))
+                assert hit.pages == 6 and set(hit.sources) == {"peer"}
+                for slot, page in zip(hit.slots, theirs, strict=True):
+                    assert torch.equal(page_in_l1(other, slot), page)
+                assert other.statistics()["mismatched_pages"] == 0
+            finally:
+                other.close()
+        finally:
+            stop(writer)
+            reader.close()
+            server.close()

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the tiers hold torch tensors (the torch extra)")
 
 from flowrt.params.layout import KVLayout, LayoutError  # noqa: E402
-from flowrt.params.tiers import DeviceTier, DiskTier, HostTier, copy_slots  # noqa: E402
+from flowrt.params.tiers import DeviceTier, DiskTier, HostTier, copy_slots, mapped_bytes  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
 LAYOUT = KVLayout("kv", ("0", "1", "2"), ("k", "v"), page_tokens=4, heads=2, head_dim=8, dtype="float16")
@@ -169,10 +169,10 @@ def test_the_creator_removes_the_file_and_attach_checks_its_size(tmp_path):
     tier = HostTier.create(LAYOUT, SLOTS)
     path = tier.path
     assert path.name.startswith("flowrt-mem-") and LAYOUT.layout_id() in path.name
-    size = path.stat().st_size  # whole memory pages: a few slots more may fit
-    assert SLOTS * LAYOUT.page_bytes <= size < SLOTS * LAYOUT.page_bytes + 4096
+    size = path.stat().st_size  # the pages and their labels, in whole memory pages: a few slots more may fit
+    assert mapped_bytes(LAYOUT, SLOTS) <= size < mapped_bytes(LAYOUT, SLOTS) + 4096
     too_many = size // LAYOUT.page_bytes + 1
-    with pytest.raises(LayoutError, match=rf"holds {size} bytes, {too_many * LAYOUT.page_bytes} are needed"):
+    with pytest.raises(LayoutError, match=rf"holds {size} bytes, {mapped_bytes(LAYOUT, too_many)} are needed"):
         HostTier.attach(path, LAYOUT, too_many)
     attached = HostTier.attach(path, LAYOUT, SLOTS)
     attached.close()
@@ -189,7 +189,7 @@ def test_the_disk_tier_keeps_its_pages_across_close_and_reopen(tmp_path):
     chunk.copy_(torch.arange(LAYOUT.chunk_elements, dtype=torch.float16).view(LAYOUT.item_shape))
     path = tier.path
     tier.close()
-    assert path.stat().st_size == SLOTS * LAYOUT.page_bytes
+    assert path.stat().st_size == mapped_bytes(LAYOUT, SLOTS)  # the pages, then their labels
     again = DiskTier(tmp_path, LAYOUT, SLOTS)
     assert again.path == path
     (kept,) = again.view(["2"], 4, ["k"])
@@ -200,3 +200,29 @@ def test_the_disk_tier_keeps_its_pages_across_close_and_reopen(tmp_path):
     other = DiskTier(tmp_path, KVLayout("kv", ("0",), ("k",), 4, 2, 8, "bfloat16"), 2)
     assert other.path != path and float(other.page(0).sum()) == 0
     other.close()
+
+
+@pytest.mark.parametrize("kind", ["host", "disk"])
+def test_a_slot_holds_a_page_only_as_its_label_says_and_every_mapping_sees_the_label(kind, host, disk):
+    tier = {"host": host, "disk": disk}[kind]
+    page, other = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+    assert tier.holds(2, page) is None  # never labelled: holds nothing
+    tier.unlabel([2])
+    assert tier.holds(2, page) is None  # being written
+    tier.label([2], [page])
+    first = tier.holds(2, page)
+    assert first is not None and first == tier.version(2)
+    assert tier.holds(2, other) is None and tier.holds(3, page) is None  # another page, another slot
+    twin = (
+        HostTier.attach(tier.path, LAYOUT, SLOTS) if kind == "host" else DiskTier(tier.path.parent, LAYOUT, SLOTS)
+    )  # another mapping of the same file: what a peer process maps
+    try:
+        assert twin.holds(2, page) == first
+        tier.unlabel([2])  # the owner rewrites the slot: a reader that copied it sees the version move
+        assert twin.holds(2, page) is None and twin.version(2) != first
+        tier.label([2], [other])
+        assert twin.holds(2, page) is None and twin.holds(2, other) == tier.version(2) > first
+        tier.label([2], ["any-key-not-a-hash"])  # (keys that are not page hashes are labelled by a digest)
+        assert twin.holds(2, "any-key-not-a-hash") is not None and twin.holds(2, "any-key-not-a-hasH") is None
+    finally:
+        twin.close()

@@ -102,7 +102,10 @@ def test_graph_svg_renders_with_graphviz_or_says_how_to_install_it():
         timeout=60,
     )
     assert missing.returncode == 2
-    assert "apt-get install graphviz" in missing.stderr and "Traceback" not in missing.stderr
+    assert (
+        "Install the `graphviz` package (Debian/Ubuntu: `apt-get install graphviz`" in missing.stderr
+        and "Traceback" not in missing.stderr
+    )
 
 
 def test_graph_command_formats_and_choice(tmp_path):

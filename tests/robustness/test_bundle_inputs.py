@@ -215,9 +215,9 @@ ROWS = [
         nothing,
         '{"reqest": 1}',
         2,
-        r"^Error: graph `g` takes request; missing request; unexpected reqest \(did you write `reqest` for `request`\?\)$",
+        r"^flowc: graph `g` takes request; missing request; unexpected reqest \(did you write `reqest` for `request`\?\)$",
     ),
-    ("input-not-json", nothing, "{request: 1}", 2, r"^Error: --input is not valid JSON"),
+    ("input-not-json", nothing, "{request: 1}", 2, r"^flowc: --input is not valid JSON"),
     ("input-wrong-type", nothing, '{"text": ["a"]}', 2, r"entry `text` is declared `Text` and takes a string, not a list of 1"),
 ]
 

@@ -179,8 +179,9 @@ def test_a_client_that_disconnects_cancels_its_call(ticks_bundle: Path):
         assert statistics["calls"] == 0 and not any(statistics.values()), statistics
 
 
-def test_sigterm_cancels_calls_in_flight_and_ends_their_streams(ticks_bundle: Path):
-    with serving(ticks_bundle) as server:
+def test_sigterm_without_grace_cancels_calls_in_flight_and_ends_their_streams(ticks_bundle: Path):
+    command = [sys.executable, "-m", "flowc", "run", str(ticks_bundle), "--http", "127.0.0.1:0", "--grace", "0"]
+    with serving(ticks_bundle, command) as server:
         response = server.post("/graphs/ticks", b'{"start": {"count": 5000}}')
         assert json.loads(response.readline())["event"] == "stream"
         os.kill(server.process.pid, signal.SIGTERM)

@@ -32,7 +32,7 @@ CASES = [
         "comma between role settings",
         'role r {\n    impl "m:R",\n    replicas 2\n}\n',
         "E001",
-        "unexpected number `2` in `role r`; expected `,`, `interface`, `share`, `}` or a name",
+        "unexpected number `2` in `role r`; expected `,`, `allow`, `interface`, `share`, `}` or a name",
         "`replicas` was read as one more value of the setting before it, because of the `,` before `replicas`: "
         "settings are separated by newlines or spaces, not commas; remove the `,`",
     ),
@@ -64,6 +64,21 @@ CASES = [
         "E001",
         "unexpected `stream`",
         "`entry` needs one or more placeholder names after it, before `stream`",
+    ),
+    # issue 33: docs/language.md says a comma continues the clause before it; `stream` takes one field
+    (
+        "two ordered streams in one stream clause",
+        GRAPH_HEAD + "graph g {\n    entry  audio\n    stream y ordered, z ordered\n}\n",
+        "E001",
+        "unexpected `,` in `graph g`",
+        "each `stream` clause takes one field: remove the `,` and write `stream z ordered` on a line of its own",
+    ),
+    (
+        "two streams in one stream clause",
+        GRAPH_HEAD + "graph g {\n    entry audio stream y: Json, z\n}\n",
+        "E001",
+        "unexpected `,` in `graph g`",
+        "each `stream` clause takes one field: remove the `,` and write `stream z` on a line of its own",
     ),
     (
         "comma in an in clause",

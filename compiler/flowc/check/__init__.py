@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowc.check import checks as _checks  # noqa: F401  (registers the checks)
+from flowc.check.checks.allows import without_allowed
 from flowc.check.loader import load
 from flowc.check.model import Program
 from flowc.check.registry import CODES, run_checks
@@ -47,7 +48,7 @@ def _check(text: str, display: str, path: Path | None) -> CheckResult:
     report.extend(run_checks(program, phase=1))
     if not report.has_errors:
         report.extend(run_checks(program, phase=2))
-    return CheckResult(program, report.sorted(), loaded.sources)
+    return CheckResult(program, without_allowed(program, report.sorted()), loaded.sources)
 
 
 def check_file(path: Path, display: str | None = None) -> CheckResult:

@@ -19,11 +19,22 @@ from pathlib import Path
 from flowc.codegen import Bundle
 
 BUILD_DIR = "build"
+# Appended to the flow's name for the bundle's directory: roles' packages are usually named like
+# the flow (`impl "chat.roles:Llm"` in flow `chat`), and a bundle directory of that name, run as
+# `python -m chat` in build/, would be imported in place of the package (a regular package wins
+# over a directory without `__init__.py` wherever it sits on the path)
+SUFFIX = "_bundle"
 
 
-def default_output(source: Path, flow: str) -> Path:
-    """`build/<flow name>/` in the directory of the `.flow` file."""
-    return source.parent / BUILD_DIR / flow
+def default_output(source: Path, flow: str, checking: bool = False) -> Path:
+    """`build/<flow name>_bundle/` in the directory of the `.flow` file. For `--check`
+    (`checking`), a bundle that flowc 0.1.0 wrote to `build/<flow name>/` is compared there
+    while the new place holds nothing, so a committed bundle keeps passing until it is rebuilt."""
+    out = source.parent / BUILD_DIR / f"{flow}{SUFFIX}"
+    earlier = source.parent / BUILD_DIR / flow
+    if checking and not out.exists() and (earlier / "bundle.json").is_file():
+        return earlier
+    return out
 
 
 class Unreadable(Exception):

@@ -172,6 +172,8 @@ class Printer:
                 self._interface(item, indent)
             case ast.ShareGpus():
                 self._emit(indent, f"share {item.resource.text} with {item.target.text}", item.span.line)
+            case ast.AllowClause():
+                self._emit(indent, allow_text(item), item.span.line)
             case ast.Setting():
                 self._setting(item, indent)
 
@@ -268,11 +270,17 @@ class Printer:
                 self._emit(indent, f"stream {self._graph_field(item.field)}{ordered}", line)
             case ast.ReturnClause():
                 self._emit(indent, "return " + ", ".join(self._graph_field(f) for f in item.fields), line)
+            case ast.AllowClause():
+                self._emit(indent, allow_text(item), line)
             case ast.Setting():
                 self._setting(item, indent)
 
     def _graph_field(self, item: ast.GraphField) -> str:
         return item.name.text + (f": {ast.type_text(item.type)}" if item.type is not None else "")
+
+
+def allow_text(clause: ast.AllowClause) -> str:
+    return "allow " + ", ".join(code.text for code in clause.codes)
 
 
 def value_text(value: ast.Value) -> str:

@@ -126,12 +126,16 @@ class GraphvizMissing(RuntimeError):
     pass
 
 
+# The packages that hold `dot`; README.md's prerequisites name them too (tests/test_docs.py).
+INSTALL_GRAPHVIZ = "Debian/Ubuntu: `apt-get install graphviz`; macOS: `brew install graphviz`"
+
+
 def svg(graph: GraphPlan) -> str:
     executable = shutil.which("dot")
     if executable is None:
         raise GraphvizMissing(
-            "SVG needs Graphviz's `dot`, which is not installed. Install it (Debian/Ubuntu: "
-            "`apt-get install graphviz`; macOS: `brew install graphviz`), or use `--format dot` or `--format mermaid`."
+            f"SVG needs Graphviz's `dot`, which is not installed. Install the `graphviz` package ({INSTALL_GRAPHVIZ}), "
+            "or use `--format dot` or `--format mermaid`."
         )
     result = subprocess.run([executable, "-Tsvg"], input=dot(graph), capture_output=True, text=True, timeout=60, check=False)
     if result.returncode != 0:

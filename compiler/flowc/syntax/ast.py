@@ -174,7 +174,14 @@ class ShareGpus(Node):
     target: Ident
 
 
-RoleItem = Union[Interface, ShareGpus, Setting]
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllowClause(Node):
+    """`allow W210, ...` in a role or graph: warnings not reported inside it."""
+
+    codes: tuple[Ident, ...]
+
+
+RoleItem = Union[Interface, ShareGpus, AllowClause, Setting]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -208,7 +215,7 @@ class ReturnClause(Node):
     fields: tuple[GraphField, ...]
 
 
-GraphItem = Union[EntryClause, StreamClause, ReturnClause, Setting]
+GraphItem = Union[EntryClause, StreamClause, ReturnClause, AllowClause, Setting]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

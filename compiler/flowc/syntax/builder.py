@@ -134,6 +134,9 @@ class AstBuilder(Transformer):
     def share_decl(self, children: list) -> ast.ShareGpus:
         return ast.ShareGpus(resource=_ident(children[1]), target=_ident(children[3]), span=_span(children))
 
+    def allow_clause(self, children: list) -> ast.AllowClause:
+        return ast.AllowClause(codes=tuple(_names(children)), span=_span(children))
+
     def setting(self, children: list) -> ast.Setting:
         return ast.Setting(key=_ident(children[0]), values=tuple(_nodes(children[1:])), span=_span(children))
 

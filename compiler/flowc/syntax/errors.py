@@ -88,6 +88,24 @@ def _block_label(masked: str, offset: int, opener: str) -> str:
     return f"{head.group(1)} {head.group(2)}" if head.group(1) else head.group(3)
 
 
+# `stream a ordered, b`: a graph's `stream` clause before the comma (an interface's
+# `out stream a: T, b: T` takes a list, so there the comma is no error).
+_STREAM_BEFORE = re.compile(r"(?<![\w])(?<!out )stream\s+[A-Za-z_]\w*(?:\s*:\s*[\w\[\]\s]*?)?(?:\s+ordered)?\s*$")
+_NEXT_FIELD = re.compile(r"\s*([A-Za-z_]\w*)(?:\s*:\s*[\w\[\]]+)?(\s+ordered\b)?")
+
+
+def _stream_list_hint(masked: str, comma: Token) -> str | None:
+    """The hint for a comma after a graph's `stream` clause: each `stream` takes one field."""
+    line_start = masked.rfind("\n", 0, comma.start_pos) + 1
+    if _STREAM_BEFORE.search(masked[line_start : comma.start_pos]) is None:
+        return None
+    following = _NEXT_FIELD.match(masked, comma.end_pos)
+    if following is None:
+        return "each `stream` clause takes one field: remove the `,` and stream the next field on a line of its own"
+    clause = f"stream {following.group(1)}{' ordered' if following.group(2) else ''}"
+    return f"each `stream` clause takes one field: remove the `,` and write `{clause}` on a line of its own"
+
+
 # Keywords after which a name is declared: a keyword there was meant as the name.
 _NAMING_KEYWORDS = frozenset(
     {"flow", "import", "type", "placeholder", "global", "role", "interface", "graph", "share", "with", "from"}
@@ -99,12 +117,13 @@ _NEEDS_NAMES = {
     "stream": "a field name",
     "in": "one or more field names",
     "out": "one or more `name: Type` fields",
+    "allow": "one or more warning codes, such as `W210`,",
 }
 # Keywords that cannot appear directly in a kind of block: the LALR tables share the states
 # after a setting between roles, interfaces and graphs, so their expected sets offer them all.
 _NOT_IN_BLOCK = {
     "role": {"ENTRY", "STREAM", "ORDERED", "RETURN", "IN", "OUT", "JOIN"},
-    "interface": {"ENTRY", "ORDERED", "RETURN", "INTERFACE", "SHARE"},
+    "interface": {"ENTRY", "ORDERED", "RETURN", "INTERFACE", "SHARE", "ALLOW"},
     "graph": {"IN", "OUT", "JOIN", "INTERFACE", "SHARE"},
 }
 
@@ -275,6 +294,10 @@ class SyntaxErrorTranslator:
             return "an `in` clause joins fields with `&` (all of them) or `|` (any of them), not `,`"
         if word == "=" and before is not None and before.type == "NAME":
             return f"settings take no `=`: write `{previous} VALUE`"
+        if word == ",":
+            stream = _stream_list_hint(masked, token)
+            if stream is not None:
+                return stream
         if word not in self._keywords or expected != {"NAME"}:
             return self._comma_hint(token, before, masked)
         # a keyword where a name was wanted: was it meant as a name, or does the text before lack one?

@@ -24,7 +24,7 @@ from flowrt.control import activation as _activation
 from flowrt.control import bounds
 from flowrt.control import program as _program
 from flowrt.control.activation import Activation, NoTimeout, Resume
-from flowrt.control.contract import checked_frame, failure, log_failure, second_frame, waiting_place
+from flowrt.control.contract import bad_input, checked_frame, failure, log_failure, second_frame, waiting_place
 from flowrt.control.delivery import Delivery
 from flowrt.control.program import Edge, NodeProgram
 from flowrt.control.sequencer import Sequencer
@@ -444,6 +444,8 @@ class Call(Delivery):
         node = act.node
         message, where = failure(error, result, self.runtime.bundle.python_path)
         self._error(node, message, where)
+        if bad_input(error):  # flowrt.BadInput: the caller's to fix (the gateway answers 400)
+            self.errors[-1]["bad_input"] = True
         replica = f"replica {act.replica}" if act.replica >= 0 else "every replica"  # (broadcast)
         line = f"call {self.call_id} (session {self.session}): {node.id} on {replica} failed at {where or '?'}: {message}"
         log_failure(log, line, error)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrt.control.threads import job_of
-from flowrt.errors import place, shown
+from flowrt.errors import BadInput, place, shown
 
 
 class RoleProtocolError(Exception):
@@ -41,10 +41,11 @@ class RemoteFailure(Exception):
     """A role failed in another process (or its process went away): the message and the place
     as that process described them (docs/deploy.md); the embedded runtime reports it as is."""
 
-    def __init__(self, message: str, where: str = ""):
+    def __init__(self, message: str, where: str = "", bad_input: bool = False):
         super().__init__(message)
         self.message = message
         self.where = where
+        self.bad_input = bad_input  # it was a BadInput there: the caller's to fix
 
 
 def second_frame(node_id: str) -> RoleProtocolError:
@@ -62,6 +63,12 @@ def failure(error: BaseException, result: Any, prefer: list[Path]) -> tuple[str,
     if isinstance(error, RemoteFailure):
         return error.message, error.where
     return f"{type(error).__name__}: {_text(error)}", place(error, prefer)
+
+
+def bad_input(error: BaseException) -> bool:
+    """Whether a role's failure is the caller's to fix: it raised flowrt.BadInput (here or in
+    another process)."""
+    return isinstance(error, BadInput) or (isinstance(error, RemoteFailure) and error.bad_input)
 
 
 def waiting_place(error: BaseException, result: Any, prefer: list[Path]) -> str:

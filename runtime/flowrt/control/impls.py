@@ -12,6 +12,7 @@ in the user's code and the fix, instead of failing calls later (or a traceback).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import sys
@@ -59,7 +60,8 @@ def import_impl(role: RoleSpec, python_path: list[Path], bundle_path: Path) -> A
             ) from None
         where = ", ".join(str(p) for p in python_path) or "the import path"
         raise RoleError(
-            f"role `{role.name}`: cannot import `{module_name}` ({error}); flowrt looked in {where}. "
+            f"role `{role.name}`: cannot import `{module_name}` ({error}{_module_suggestion(error.name or module_name, python_path)}); "
+            f"flowrt looked in {where}. "
             f"Put `{module_name.replace('.', '/')}.py` beside the .flow file or its parent directory"
         ) from None
     except Exception as error:  # noqa: BLE001 - the user's module failed while importing: say where
@@ -69,15 +71,53 @@ def import_impl(role: RoleSpec, python_path: list[Path], bundle_path: Path) -> A
         ) from None
     target: Any = module
     for part in class_name.split("."):
-        target = getattr(target, part, None)
+        owner, target = target, getattr(target, part, None)
         if target is None:
-            raise RoleError(f"role `{role.name}`: module `{module_name}` has no `{class_name}`; check `impl` in the .flow file")
+            close = _closest(part, [n for n in dir(owner) if not n.startswith("_")])
+            suggestion = f" (did you mean `{class_name[: -len(part)]}{close}`?)" if close else ""
+            raise RoleError(
+                f"role `{role.name}`: module `{module_name}` has no `{class_name}`{suggestion}; check `impl` in the .flow file"
+            )
     if not callable(target):
         raise RoleError(
             f"role `{role.name}`: `{role.impl}` is a {type(target).__name__}, not a class; "
             "point `impl` at the class that implements the role's interfaces"
         )
     return target
+
+
+def _closest(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to a misspelt `word`, if one is close enough (difflib's ratio >= 0.6)."""
+    close = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _module_suggestion(missing: str, python_path: list[Path]) -> str:
+    """A did-you-mean for a module that is not there: its package's modules, or for a top-level
+    name the modules on the bundle's python_path (only those: listing all of sys.path is slow)."""
+    parent, _, leaf = missing.rpartition(".")
+    if parent:
+        package = sys.modules.get(parent)
+        places = list(getattr(package, "__path__", None) or [])
+    else:
+        places = [str(path) for path in python_path]
+    close = _closest(leaf, _module_names(places))
+    return f"; did you mean `{parent}.{close}`?" if close and parent else f"; did you mean `{close}`?" if close else ""
+
+
+def _module_names(places: Iterable[str]) -> list[str]:
+    """The modules and packages (namespace packages too: directories) directly in `places`."""
+    names = []
+    for directory in places:
+        try:
+            entries = list(Path(directory).iterdir())
+        except OSError:  # not a directory, or unreadable: nothing to suggest from it
+            continue
+        for entry in entries:
+            name = entry.stem if entry.suffix == ".py" else entry.name
+            if name.isidentifier() and (entry.suffix == ".py" or entry.is_dir()) and name != "__pycache__":
+                names.append(name)
+    return names
 
 
 def construct(role: RoleSpec, cls: Any, python_path: list[Path], count: int | None = None) -> list[Any]:

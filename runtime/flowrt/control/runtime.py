@@ -34,7 +34,7 @@ from flowrt.control import impls
 from flowrt.control.call import Call
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context, RoleBinding
-from flowrt.control.sessions import GCScheduler, SessionStore
+from flowrt.control.sessions import GCScheduler, SessionStore, anonymous_session, reserved
 from flowrt.control.threads import ReplicaThread, streams
 from flowrt.entry_types import EntryTypeError, checker
 from flowrt.errors import BadInputs, BadTimeout, FlowrtError, RoleError, UnknownGraph, place
@@ -291,8 +291,10 @@ class Runtime:
             )
         call_id = next(self.call_ids)
         if session is None:
-            session = f"call-{call_id}"  # its own session: no later call can share its globals
+            session = anonymous_session()  # its own session: unguessable, and no caller can name it
             anonymous = True
+        elif reserved(session):
+            raise BadInputs(f"graph `{program.name}`: {reserved(session)}")
         else:
             anonymous = False
             self.sessions.busy(session)

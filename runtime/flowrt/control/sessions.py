@@ -5,17 +5,38 @@ or too many idle sessions keep state).
 A session is *active* while a call of it runs or waits for its turn; only idle sessions are
 evicted, so a call never loses its state under it. Evicting a session drops its globals: its
 next call starts from empty state, like a new session.
+
+A call without a session gets one of its own (`anonymous_session`): `~` and 128 random bits, so
+nobody can guess it, and no caller can name it: a session id a caller gives may not start with
+`~` (`reserved`), so a client's `X-Flow-Session` never joins another's anonymous call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
 from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
+
+ANONYMOUS = "~"  # the prefix of the sessions the runtime makes; no caller may name one
+
+
+def anonymous_session() -> str:
+    """A session of one call's own: unguessable, and in a namespace no caller can name."""
+    return ANONYMOUS + secrets.token_urlsafe(16)
+
+
+def reserved(session: str) -> str | None:
+    """Why a caller may not name `session` (it is in the runtime's own namespace), else None."""
+    if session.startswith(ANONYMOUS):
+        return (
+            f"session ids starting with `{ANONYMOUS}` are the runtime's own (a call without a session gets one); choose another"
+        )
+    return None
 
 
 class GCScheduler:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from flowrt import __version__
 from flowrt.bundle import Bundle, BundleError, load_bundle
@@ -33,10 +34,21 @@ def describe(bundle: Bundle) -> str:
     return "\n".join(lines)
 
 
-def main(path: Path, argv: list[str]) -> int:
-    from flowrt import options
+# Every error line starts as `flowc`'s do, so one error reads the same from `flowc run DIR` and
+# from `python -m DIR` (the runtime's log lines keep theirs, `flowrt: LEVEL ...`).
+PREFIX = "flowc: "
 
-    parser = argparse.ArgumentParser(prog=f"python -m {path.name}", description=f"The flowc bundle at {path}.")
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse's `PROG: error: ...`, with the one prefix
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{PREFIX}{message}\n")
+
+
+def main(path: Path, argv: list[str]) -> int:
+    from flowrt import frontdoor, options
+
+    parser = _Parser(prog=f"python -m {path.name}", description=f"The flowc bundle at {path}.")
     parser.add_argument(
         "command",
         nargs="?",
@@ -79,6 +91,7 @@ def main(path: Path, argv: list[str]) -> int:
     parser.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="serve, launch: stderr's log as text or JSON lines"
     )
+    frontdoor.add_to_argparse(parser)  # serve, launch: --api-key, --max-in-flight, --grace, ... (docs/security.md)
     args = parser.parse_args(argv)
     deploy = args.deploy or {"launch": "local", "launch-ray": "ray=auto"}.get(args.command, "inproc")
     try:
@@ -91,12 +104,14 @@ def main(path: Path, argv: list[str]) -> int:
             "heartbeat_ttl": options.timeout_seconds(args.heartbeat_ttl),
             "pool_mb": None if args.pool_mb is None else options.pool_mib(args.pool_mb),
         }
+        if args.command in ("serve", "launch", "launch-ray"):
+            limits["front"] = frontdoor.front_door(vars(args))
     except ValueError as error:
         parser.error(str(error))  # exits 2
     try:
         bundle = load_bundle(path)
     except BundleError as error:
-        print(f"flowrt: {error}", file=sys.stderr)
+        print(f"{PREFIX}{error}", file=sys.stderr)
         return 1
     if args.command in ("serve", "launch", "launch-ray"):
         return _serve(path, args.http, args.debug, limits, args.log_format)
@@ -115,18 +130,18 @@ def _serve(path: Path, address: str, debug: bool, limits: dict, log_format: str 
     try:
         host, port = parse_address(address)
     except ValueError as error:
-        print(f"flowrt: --http: {error}", file=sys.stderr)
+        print(f"{PREFIX}--http: {error}", file=sys.stderr)
         return 2
     show_log(debug, log_format)
     try:
         asyncio.run(serve(path, host, port, debug=debug, **limits))
     except Stopped as stopped:
-        print(f"flowrt: {stopped}", file=sys.stderr)
+        print(f"{PREFIX}{stopped}", file=sys.stderr)
         return 128 + stopped.signum
     except FlowrtError as error:  # a role that cannot be imported or set up, an address that is taken, a bad --deploy
-        print(f"flowrt: {error}", file=sys.stderr)
+        print(f"{PREFIX}{error}", file=sys.stderr)
         return 2 if limits["deploy"] != "inproc" else 1
     except ValueError as error:  # --deploy or --registry in a form flowrt does not take
-        print(f"flowrt: {error}", file=sys.stderr)
+        print(f"{PREFIX}{error}", file=sys.stderr)
         return 2
     return 0

@@ -75,6 +75,7 @@ class Deployment:
         if self.supervisor is not None:
             stats.update(self.supervisor.remote.statistics())
             stats["restarts"] = self.supervisor.restarted
+            stats.update(self.supervisor.security())  # forged_records, refused_peers (flowrt.transport.keys)
             stats["processes"] = await self.supervisor.remote.probe()
             if self.supervisor.memory is not None:
                 stats["memory"] = self.memory_statistics()

@@ -11,6 +11,10 @@ replica process computes with its share of the machine's CPUs ($OMP_NUM_THREADS,
 `replica_threads` unless the supervisor's environment sets it). Closing
 stops every process it started (Stop, then SIGTERM, then SIGKILL), by PID, and removes the
 socket directory.
+
+Every socket between these processes authenticates with the deployment's keys, made here at
+start (flowrt.transport.keys): replicas get theirs (all but the gateway's secret) in their
+configuration, in their environment like the rest of it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from flowrt.deploy.remote import WAIT_ENV, Remote, RemoteBinding, replica_wait
 from flowrt.errors import FlowrtError
 from flowrt.logs import event, log_format
 from flowrt.registry import Directory, Record, open_source
+from flowrt.transport import keys as transport_keys
 from flowrt.transport.sockets import ipc_endpoint, private_dir, remove_dir
 
 MAX_RESTARTS = 5
@@ -94,8 +99,9 @@ def replica_threads(replicas: int, cpus: int | None = None) -> int:
     starts one thread per CPU, so replicas computing at once run several times as many threads as
     there are CPUs; OpenMP's threads meet at the end of every operation, and one whose partner
     was preempted waits for it, so a small model's forward took a scheduler time slice or more
-    instead of a millisecond: image_chat_models reached its image 5-15x later than in process
-    (docs/deploy.md, "CPU threads"). Under Ray, each actor gets its `num_cpus` the same way."""
+    instead of a millisecond: image_chat_models reached its image 100-500 ms after the call on
+    2 CPUs, not 30-50 (docs/deploy.md, "CPU threads"). Under Ray, each actor gets its `num_cpus`
+    the same way, by Ray."""
     return max(1, (available_cpus() if cpus is None else cpus) // max(1, replicas))
 
 
@@ -112,13 +118,19 @@ class LocalSupervisor:
         self.ttl = ttl
         self.debug = debug
         self.deployment = uuid.uuid4().hex[:12]
+        if not transport_keys.available():
+            raise DeployError(
+                "this pyzmq has no CURVE (libsodium), which a deployment's processes authenticate each other with; "
+                "install a pyzmq wheel (pip install --force-reinstall pyzmq)"
+            )
+        self.keys = transport_keys.Keys.generate()  # this deployment's alone, for as long as it runs
         self.directory_path: Path | None = None
         self.context = zmq.asyncio.Context()
         try:
             wait = replica_wait()
         except ValueError as error:
             raise DeployError(f"{WAIT_ENV}: {error}") from None
-        self.remote = Remote({name: spec.replicas for name, spec in bundle.roles.items()}, wait)
+        self.remote = Remote({name: spec.replicas for name, spec in bundle.roles.items()}, wait, keys=self.keys)
         self.remote.explain = self.explain
         self.directory = Directory(ttl, self._up, self._down)
         self.processes: dict[tuple[str, int], Process] = {}
@@ -193,7 +205,7 @@ class LocalSupervisor:
         self.failed_start = asyncio.get_running_loop().create_future()
         try:
             self.source = await open_source(
-                self.registry, self.context, self.endpoint("registry"), self.deployment, expected, self.directory
+                self.registry, self.context, self.endpoint("registry"), self.deployment, expected, self.directory, self.keys
             )
             self.registry_endpoint = getattr(self.source, "endpoint", "")  # (tcp: the port chosen)
             self.source.start()
@@ -239,7 +251,7 @@ class LocalSupervisor:
         from flowrt.memory.client import MemoryClient, MemoryError_
 
         try:
-            self.memory = MemoryClient(self.manager.endpoint, "gateway", "gateway")
+            self.memory = MemoryClient(self.manager.endpoint, "gateway", "gateway", keys=self.keys, as_="gateway")
         except MemoryError_ as error:
             raise DeployError(str(error)) from None
         self.remote.use_memory(self.memory)
@@ -249,7 +261,9 @@ class LocalSupervisor:
         returns the one on the gateway's machine."""
         from flowrt.memory.keeper import ManagerProcess
 
-        self.manager = ManagerProcess(self.endpoint("memory"), self.pool_nbytes, debug=self.debug, on_down=self._memory_down)
+        self.manager = ManagerProcess(
+            self.endpoint("memory"), self.pool_nbytes, debug=self.debug, on_down=self._memory_down, keys=self.keys
+        )
         await self.manager.start()
         return self.manager
 
@@ -294,6 +308,7 @@ class LocalSupervisor:
             "parent": os.getpid(),
             "gateway_pid": os.getpid(),  # (the memory manager's call keys are GATEWAY_PID:CALL_ID)
             "debug": self.debug,
+            "keys": self.keys.for_replica(),  # (flowrt.transport.keys: all but the gateway's secret)
             "log_format": log_format(),
             "sys_path": [p for p in sys.path if p],
             "memory": None
@@ -438,10 +453,18 @@ class LocalSupervisor:
 
     def _down(self, record: Record, reason: str) -> None:
         """The registry dropped a replica: its calls fail now; a process that lapsed is killed
-        (its watcher restarts it)."""
+        (its watcher restarts it), but only the process that record is of: one this supervisor
+        started, whose PID the record carries (a record comes only from a holder of the
+        deployment's keys; even so, one naming another process never gets this one killed)."""
         self.remote.on_down(record, reason)
         process = self.processes.get((record.role, record.replica))
-        if process is not None and process.proc is not None and process.proc.returncode is None and "lapsed" in reason:
+        if (
+            process is not None
+            and process.proc is not None
+            and process.proc.returncode is None
+            and "lapsed" in reason
+            and record.pid == process.proc.pid
+        ):
             with contextlib.suppress(ProcessLookupError):
                 process.proc.kill()
 
@@ -493,6 +516,15 @@ class LocalSupervisor:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STOP_GRACE):
                 await asyncio.gather(*(proc.wait() for proc in alive))
+
+    def security(self) -> dict[str, int]:
+        """What was refused between processes (flowrt.transport.keys, flowrt.registry.stores):
+        registry records and messages that did not verify, peers the registry's socket refused."""
+        source = self.source
+        return {
+            "forged_records": getattr(source, "forged", 0),
+            "refused_peers": source.refused() if source is not None else 0,
+        }
 
     def pids(self) -> dict[str, int]:
         return {

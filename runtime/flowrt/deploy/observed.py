@@ -13,9 +13,15 @@ turns into metric families (its docstring gives the shape), gathered when /metri
   every edge it travels; frames made in the server process (entry values; every role under
   `inproc`) cross no process boundary and count no bytes.
 - tmp_buffer: the memory manager's Tmp Buffer Pool (`local` and `ray`; under Ray one per node).
-- kv_pages and prefix_tokens: each process's KV pools (flowrt.params; the server's under
-  `inproc`, each replica's as it answers a probe), pages summed over its pools, prefix tokens
-  summed per role over every process. A process started again counts from 0.
+- kv_pages, kv_mismatched_pages and prefix_tokens: each process's KV pools (flowrt.params; the
+  server's under `inproc`, each replica's as it answers a probe), pages and mismatched pages
+  (slots below L1 that did not hold the page asked for: recomputed) summed over its pools, prefix
+  tokens summed per role over every process. A process started again counts from 0.
+- refused: what was refused between processes, by process and kind (`local` and `ray`): in the
+  server, registry records whose MAC did not verify (`forged_records`) and peers the embedded
+  registry's socket refused (`peers`); in each replica, peers its socket refused (`peers`) and
+  `Cancel`, `Credit` or `Stop` messages from a peer that does not own the activation or the
+  replica (`foreign_messages`), as it answers a probe.
 """
 
 from __future__ import annotations
@@ -42,8 +48,10 @@ def gatherer(deployment: Any) -> Callable[[], Awaitable[dict]]:
 async def snapshot(deployment: Any) -> dict:
     runtime, supervisor = deployment.runtime, deployment.supervisor
     kv_pages: dict[str, dict] = {}
+    mismatched: dict[str, int] = {}
     prefix: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     tmp_buffer: dict[str, dict[str, int]] = {}
+    refused: dict[str, dict[str, int]] = {}
     if supervisor is None:
         replicas = [
             _replica(role, replica, True, load, 0, 0, 0)
@@ -52,10 +60,12 @@ async def snapshot(deployment: Any) -> dict:
         ]
         pools = getattr(deployment.memory, "params", None)
         if pools is not None and pools.pools:
-            _kv(SERVER, pools.statistics(), kv_pages, prefix)
+            _kv(SERVER, pools.statistics(), kv_pages, prefix, mismatched)
         moved: dict = {}
     else:
-        replicas = await _remote_replicas(supervisor, kv_pages, prefix)
+        replicas = await _remote_replicas(supervisor, kv_pages, prefix, mismatched, refused)
+        security = supervisor.security()
+        refused[SERVER] = {"forged_records": security["forged_records"], "peers": security["refused_peers"]}
         if supervisor.memory is not None:
             tmp_buffer = _tmp_buffer(deployment.memory_statistics())
         moved = supervisor.remote.moved
@@ -64,7 +74,9 @@ async def snapshot(deployment: Any) -> dict:
         "edges": edges(runtime.programs, moved),
         "tmp_buffer": tmp_buffer,
         "kv_pages": kv_pages,
+        "kv_mismatched_pages": mismatched,
         "prefix_tokens": {role: dict(kinds) for role, kinds in prefix.items()},
+        "refused": refused,
     }
 
 
@@ -80,7 +92,7 @@ def _replica(role: str, replica: int, up: bool, in_flight: int, queued: int, res
     }
 
 
-async def _remote_replicas(supervisor: Any, kv_pages: dict, prefix: dict) -> list[dict]:
+async def _remote_replicas(supervisor: Any, kv_pages: dict, prefix: dict, mismatched: dict, refused: dict) -> list[dict]:
     remote = supervisor.remote
     answers = await remote.probe()
     lapsed = supervisor.directory.lapsed
@@ -95,14 +107,19 @@ async def _remote_replicas(supervisor: Any, kv_pages: dict, prefix: dict) -> lis
         queued = max(0, handed - running) + (link.record.queued if link is not None else 0)
         replicas.append(_replica(role, replica, link is not None, running, queued, restarts, lapsed.get((role, replica), 0)))
         if answer.get("kv"):
-            _kv(f"{role}/{replica}", answer["kv"], kv_pages, prefix)
+            _kv(f"{role}/{replica}", answer["kv"], kv_pages, prefix, mismatched)
+        if link is not None:
+            refused[f"{role}/{replica}"] = {
+                kind: answer.get("refused", {}).get(kind, 0) for kind in ("peers", "foreign_messages")
+            }
     return replicas
 
 
-def _kv(process: str, pools: dict, kv_pages: dict, prefix: dict) -> None:
+def _kv(process: str, pools: dict, kv_pages: dict, prefix: dict, mismatched: dict) -> None:
     """One process's KV pools' statistics (flowrt.params.session.KVPools.statistics) into pages
-    by tier and state, and prefix tokens by role."""
+    by tier and state, mismatched pages, and prefix tokens by role."""
     tiers: dict[str, dict[str, int]] = kv_pages.setdefault(process, {})
+    mismatched[process] = sum(pool.get("mismatched_pages", 0) for pool in pools.values())
     for pool in pools.values():
         for name, tier in pool.get("tiers", {}).items():
             states = tiers.setdefault(TIERS.get(name, name), defaultdict(int))

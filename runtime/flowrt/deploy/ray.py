@@ -10,7 +10,9 @@ GPUs are counted as the custom resource `flowc_gpu` if the cluster declares it (
 cluster started here does, so placement is still real on a CPU machine), else dropped, once,
 with a warning. Each actor runs a replica exactly as a `local` process does
 (flowrt.deploy.worker) and talks to the gateway over ZMQ: ipc on a local cluster, tcp when
-joining one. A dead actor is dropped and restarted as in `local`.
+joining one. A dead actor is dropped and restarted as in `local`. The deployment's keys
+(flowrt.transport.keys) reach each actor in its method's arguments (its configuration), never
+a command line; the gateway's secret stays in the gateway.
 """
 
 from __future__ import annotations
@@ -98,10 +100,17 @@ class MemoryActorBody:
         if endpoint is None:
             self.directory = node_socket_dir(config["deployment"])
             endpoint = ipc_endpoint(self.directory, "memory")
+        from flowrt.memory.manager import secured
+        from flowrt.transport.keys import Keys
+
+        self.keys = Keys.from_config(config.get("keys"))
         self.manager = MemoryManager(config["pool_bytes"])
         self.context = zmq.Context()
+        self.guard = secured(self.context, config.get("keys"))
         socket = self.context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.LINGER, 0)
+        if self.guard is not None:
+            self.guard.keys.serve(socket, endpoint)
         self.endpoint = bind(socket, endpoint)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=serve, args=(self.manager, socket, None, self.stopped.is_set), daemon=True)
@@ -117,7 +126,7 @@ class MemoryActorBody:
 
         with self.client_lock:
             if self.client is None:
-                self.client = MemoryClient(self.endpoint, "supervisor", "statistics")
+                self.client = MemoryClient(self.endpoint, "supervisor", "statistics", keys=self.keys, as_="member")
             return self.client.statistics(timeout=STATS_WAIT)
 
     def wait(self) -> None:
@@ -130,6 +139,8 @@ class MemoryActorBody:
         self.thread.join(timeout=2)
         if self.client is not None:
             self.client.close()
+        if self.guard is not None:
+            self.guard.stop()
         self.manager.close()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -151,8 +162,11 @@ class RayMemory:
     """The supervisor's handle on one node's manager actor (as flowrt.memory.keeper's
     ManagerProcess for `local`: start, pid, endpoint, slab, restarts, close)."""
 
-    def __init__(self, ray: Any, deployment: str, node: str, endpoint: str | None, nbytes: int, on_down: Any, local: bool):
+    def __init__(
+        self, ray: Any, deployment: str, node: str, endpoint: str | None, nbytes: int, on_down: Any, local: bool, keys: Any = None
+    ):
         self.ray, self.deployment, self.node, self.nbytes, self.on_down = ray, deployment, node, nbytes, on_down
+        self.keys = keys  # the deployment's: the actor gets all but the gateway's secret
         self.endpoint = endpoint  # None: the actor picks one on its node
         self.local = local  # on this machine (its PID means something here)
         self.actor: Any = None
@@ -175,6 +189,8 @@ class RayMemory:
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node, soft=False),
         )
         config = {"pool_bytes": self.nbytes, "endpoint": self.endpoint, "deployment": self.deployment}
+        if self.keys is not None:
+            config["keys"] = self.keys.for_replica()
         self.actor = body.remote(config)
         try:
             await self._learn()
@@ -383,7 +399,7 @@ class RaySupervisor(LocalSupervisor):
             here = node == self.gateway_node
             endpoint = LocalSupervisor.endpoint(self, "memory") if here else None  # (ipc: a manager serves its own node)
             local = here or self.address is None
-            manager = RayMemory(self.ray, self.deployment, node, endpoint, self.pool_nbytes, self._memory_down, local)
+            manager = RayMemory(self.ray, self.deployment, node, endpoint, self.pool_nbytes, self._memory_down, local, self.keys)
             self.managers[node] = manager  # (before it starts: close() stops a half-started one)
             await manager.start()
         return manager
@@ -457,7 +473,8 @@ class RaySupervisor(LocalSupervisor):
     def _down(self, record, reason: str) -> None:
         self.remote.on_down(record, reason)
         actor = self.actors.get((record.role, record.replica))
-        if actor is not None and "lapsed" in reason:
+        where = self.where.get((record.role, record.replica)) or {}
+        if actor is not None and "lapsed" in reason and record.pid == where.get("pid"):  # (only the actor the record is of)
             with contextlib.suppress(Exception):
                 self.ray.kill(actor, no_restart=True)
 

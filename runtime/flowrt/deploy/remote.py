@@ -69,7 +69,7 @@ class Pending:
         self.link = link
         self.frames: deque = deque()
         self.outcome: tuple | None = (
-            None  # ("return", frame, changes) | ("failed", message, where, changes) | ("cancelled", where)
+            None  # ("return", frame, changes) | ("failed", message, where, changes[, bad_input]) | ("cancelled", where)
         )
         self.waiter: asyncio.Future | None = None
         self.taken = 0
@@ -120,6 +120,7 @@ class Link:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # never refuse a send: what is in flight is bounded by calls and credits
         sock.setsockopt(zmq.RCVHWM, 0)
+        remote.keys.dial(sock, "gateway", record.address)  # (only the deployment's replica answers: flowrt.transport.keys)
         sock.connect(record.address)
         self.pending: dict[int, Pending] = {}
         self.up = True
@@ -136,8 +137,9 @@ class Link:
 
 
 class Remote:
-    def __init__(self, replicas: dict[str, int], wait: float = REPLICA_WAIT):
+    def __init__(self, replicas: dict[str, int], wait: float, keys: Any):
         self.context = zmq.Context()  # plain sockets, read by flowrt.transport.sockets.Reader
+        self.keys = keys  # the deployment's (flowrt.transport.keys.Keys): links dial with the gateway's key
         self.replicas = replicas  # role -> how many replicas it declares
         self.links: dict[tuple[str, int], Link] = {}
         self.live: dict[str, list[int]] = {role: [] for role in replicas}
@@ -228,10 +230,8 @@ class Remote:
             if kind is m.Stats:
                 probe = self.probes.pop(message.token, None)
                 if probe is not None and not probe.done():
-                    answer = {"running": message.running, "tracked": message.tracked}
-                    if message.kv:
-                        answer["kv"] = message.kv
-                    probe.set_result(answer)
+                    answer = {"running": message.running, "tracked": message.tracked}  # (kv, refused: if any)
+                    probe.set_result(answer | {k: v for k, v in (("kv", message.kv), ("refused", message.refused)) if v})
                 return
             pending = link.pending.get(message.act)
             if pending is None:
@@ -244,7 +244,7 @@ class Remote:
                 pending.outcome = ("return", frame, changes)
             elif kind is m.Failed:
                 _, changes = codec.loads(frames[1:], self.decoder)
-                pending.outcome = ("failed", message.message, message.where, changes)
+                pending.outcome = ("failed", message.message, message.where, changes, message.bad_input)
             else:  # Cancelled
                 pending.outcome = ("cancelled", message.where)
         except m.Garbage as error:
@@ -474,7 +474,7 @@ def _finish(pending: Pending) -> Any:
     if outcome[0] == "return":
         return outcome[1]
     if outcome[0] == "failed":
-        raise RemoteFailure(outcome[1], outcome[2])
+        raise RemoteFailure(outcome[1], outcome[2], len(outcome) > 4 and outcome[4])  # (4: a BadInput there)
     raise asyncio.CancelledError  # cancelled there, though nobody here asked: end as cancelled
 
 

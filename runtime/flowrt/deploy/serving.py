@@ -1,8 +1,11 @@
 """Serving a bundle: open its deployment, put the HTTP gateway in front, run until a signal.
 
 What `flowc run DIR [--deploy ...]` (without --once) and `python -m BUNDLE serve|launch` run.
-SIGINT or SIGTERM stops accepting, cancels the calls in flight (their streams end with `done`
-and status `cancelled`), stops the deployment's processes and returns.
+SIGTERM drains: `/ready` answers 503 and new calls 503 at once, the calls in flight run on for
+at most `--grace` seconds (the front door's, flowrt.frontdoor), then what is left is
+cancelled (its streams end with `done`, status `cancelled`, reason `shutdown`). SIGINT, or a
+second signal, cancels the calls in flight at once. Then the deployment's processes stop and
+`serve` returns.
 
 The address is tried before the deployment starts, so a taken port is refused before any role
 loads its model; `progress` hears how the start goes (flowrt.deploy.launch), and the log has a
@@ -24,7 +27,9 @@ from aiohttp import web
 from flowrt.deploy.launch import Progress, open_deployment
 from flowrt.deploy.observed import gatherer
 from flowrt.errors import FlowrtError
+from flowrt.frontdoor import FrontDoor
 from flowrt.gateway import application
+from flowrt.gateway.http import ADMISSION, HEADERS
 from flowrt.logs import event, log_format
 from flowrt.observe import otlp
 from flowrt.options import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
@@ -63,17 +68,23 @@ async def serve(
     pool_mb: float | None = None,
     debug: bool = False,
     progress: Progress | None = None,
+    front: FrontDoor | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM; prints `serving NAME on http://HOST:PORT` once listening.
-    `deploy`, `registry` and `heartbeat_ttl` pick where the roles run (flowrt.deploy). A signal
-    while the deployment starts stops it there (its processes and sockets cleaned up): Stopped."""
+    `deploy`, `registry` and `heartbeat_ttl` pick where the roles run (flowrt.deploy); `front`
+    the keys, limits, timeouts and grace (flowrt.frontdoor). A signal while the
+    deployment starts stops it there (its processes and sockets cleaned up): Stopped."""
+    front = front or FrontDoor()
     stop = asyncio.Event()
+    hurry = asyncio.Event()  # cancel the calls in flight now: SIGINT, or a second signal
     received: list[int] = []
     starting = asyncio.current_task()
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
         received.append(signum)
+        if signum != signal.SIGTERM or len(received) > 1:
+            hurry.set()
         stop.set()
         if starting is not None:
             starting.cancel()
@@ -103,13 +114,13 @@ async def serve(
         raise Stopped(received[0]) from None
     starting = None
     runtime = deployment.runtime
-    runner = web.AppRunner(
-        application(runtime, max_body_mb, deployment if deployment.supervisor is not None else None, gatherer(deployment)),
-        handler_cancellation=True,
-        access_log=None,
+    app = application(
+        runtime, max_body_mb, deployment if deployment.supervisor is not None else None, gatherer(deployment), front
     )
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=front.header_timeout)
     try:
         await runner.setup()
+        app[HEADERS].install(runner.server)
         site = web.TCPSite(runner, host, port)
         try:
             await site.start()
@@ -127,17 +138,41 @@ async def serve(
             deploy,
             extra=event("server_started", url=url, deploy=deploy),
         )
+        if front.keyed:  # how many keys, from where (never the keys)
+            told = ", ".join(f"{count} from {source}" for source, count in front.sources.items())
+            log.info("API keys: %s", told, extra=event("api_keys", sources=front.sources))
         await stop.wait()
-        if log_format() == "json":  # (stderr holds JSON lines only)
-            log.info("stopping: cancelling the calls in flight", extra=event("server_stopping"))
-        else:
-            print("stopping: cancelling the calls in flight", file=sys.stderr, flush=True)
+        app[ADMISSION].drain()  # /ready and new calls: 503 from now on
+        if not hurry.is_set() and front.grace > 0 and (runtime.calls or runtime.scheduler.queues):
+            _say(
+                f"draining: the calls in flight have {front.grace:g}s to finish (a second signal cancels them)", "server_draining"
+            )
+            await _drained(runtime, hurry, front.grace)
+        _say("stopping: cancelling the calls in flight", "server_stopping")
         await runtime.close()  # every stream ends with its `done` event before connections close
     finally:
         try:
             await runner.cleanup()
         finally:
             await deployment.close()  # the replica processes stop with the server, however it stops
+
+
+def _say(line: str, name: str) -> None:
+    if log_format() == "json":  # (stderr holds JSON lines only)
+        log.info(line, extra=event(name))
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+async def _drained(runtime: object, hurry: asyncio.Event, grace: float) -> None:
+    """Wait until no call is in flight, `grace` seconds pass, or `hurry` is set."""
+    idle = asyncio.ensure_future(runtime.wait_idle())
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait((idle, hurried), timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        idle.cancel()
+        hurried.cancel()
 
 
 def _try_listen(host: str, port: int) -> None:

@@ -9,6 +9,10 @@ contract is reported with the same message and place. Garbage on the socket is l
 dropped. The process exits when its parent goes away (so a killed supervisor leaves no
 orphans), on `Stop`, or on SIGTERM.
 
+Its ROUTER admits only the gateway's key (flowrt.transport.keys), so nothing from a peer
+without it is ever decoded. An activation belongs to the connection that started it: a `Cancel` or `Credit` for it from another is ignored and counted (`foreign`); a
+`Stop` is taken only from a peer authenticated with the gateway's (the supervisor's) key.
+
 Exit status 3 means the replica could not start; its stderr line starting FAILED_LINE says why.
 Lines starting PROGRESS_LINE tell the supervisor how its start goes (`setup_started` before it
 imports its role, `setup_ended` once the role is constructed and set up). Where the log is JSON,
@@ -39,7 +43,7 @@ import zmq.asyncio
 
 from flowrt.bundle import load_bundle
 from flowrt.control import impls
-from flowrt.control.contract import checked_frame, failure, second_frame, waiting_place
+from flowrt.control.contract import bad_input, checked_frame, failure, second_frame, waiting_place
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context
 from flowrt.control.threads import ReplicaThread, streams
@@ -51,6 +55,7 @@ from flowrt.registry import RegistryError, open_client
 from flowrt.tables import node_tables
 from flowrt.transport import codec
 from flowrt.transport import messages as m
+from flowrt.transport.keys import Guard, Keys
 from flowrt.transport.sockets import Coalescer, Reader, bind, unbatch
 
 WINDOW = 64  # frames of one stream a replica may send before the gateway takes some
@@ -94,6 +99,10 @@ class Replica:
         self.queued = 0
         self.tokens = 0
         self.garbage = 0
+        self.foreign = 0  # Cancel, Credit or Stop from a peer that does not own the activation (or the replica)
+        self.owners: dict[int, bytes] = {}  # activation -> the connection (routing id) that started it
+        self.keys = Keys.from_config(config.get("keys"))  # the deployment's (flowrt.transport.keys)
+        self.guard: Guard | None = None
         self.context = zmq.asyncio.Context()  # the registry client's
         self.plain = zmq.Context()  # the activations' socket, read by flowrt.transport.sockets.Reader
         self.socket: zmq.Socket | None = None
@@ -128,6 +137,8 @@ class Replica:
                 participants=memory["participants"],
                 colocated=memory.get("colocated", ""),
                 timeout=timeout,
+                keys=self.keys,
+                as_="member",
             )
         except MemoryError_ as error:
             raise FlowrtError(f"replica {self.index} of role `{self.role_name}`: {error}") from None
@@ -177,6 +188,10 @@ class Replica:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
+        if self.keys is None:
+            raise FlowrtError(f"replica {self.index} of role `{self.role_name}`: its configuration carries no keys")
+        self.guard = Guard(self.plain, self.keys, ["gateway"], f"replica {self.index} of role `{self.role_name}`")
+        self.keys.serve(self.socket, self.config["address"])
         self.address = bind(self.socket, self.config["address"])
         self.generators = sorted(name for name in self.spec.interfaces if streams(getattr(self.instance, name, None)))
         await self.connect_registry()
@@ -200,6 +215,7 @@ class Replica:
                 self.config["registry_endpoint"],
                 self.config["deployment"],
                 self.config["ttl"],
+                self.keys,
             )
         except RegistryError as error:
             raise FlowrtError(f"replica {self.index} of role `{self.role_name}`: {error}") from None
@@ -230,6 +246,8 @@ class Replica:
     async def serve(self) -> None:
         assert self.socket is not None
         self.reader = Reader(self.socket, self._received, asyncio.get_running_loop())
+        if self.guard is not None:
+            self.guard.watch(self.socket, asyncio.get_running_loop())
         beats = asyncio.ensure_future(self.heartbeats())
         await self.stopping.wait()
         for task in list(self.tasks.values()):
@@ -238,6 +256,8 @@ class Replica:
         if self.thread is not None:
             self.thread.close()
         kvpools.detach(self.memory)
+        if self.guard is not None:
+            self.guard.stop()
         self.reader.close()
         self.plain.destroy(linger=0)
         self.context.destroy(linger=0)
@@ -292,14 +312,21 @@ class Replica:
                 self.send(peer, m.Failed(m.VERSION, message.act, text, "", False, False), (None, None))
                 return
             self.credits[message.act] = WINDOW
+            self.owners[message.act] = peer
             task = self.tasks[message.act] = asyncio.ensure_future(self._activation(peer, message, inputs, uses))
             task.add_done_callback(lambda _, act=message.act, peer=peer: self._ended(act, peer))
         elif kind is m.Credit:
+            if self.owners.get(message.act, peer) != peer:
+                self._foreign("a credit", message.act)
+                return
             self.credits[message.act] = self.credits.get(message.act, 0) + message.frames
             waiter = self.credit_waiters.pop(message.act, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
         elif kind is m.Cancel:
+            if self.owners.get(message.act, peer) != peer:
+                self._foreign("a cancel", message.act)
+                return
             task = self.tasks.get(message.act)
             if task is not None:
                 self.cancelled.add(message.act)
@@ -309,8 +336,13 @@ class Replica:
             pools = getattr(self.memory, "params", None)
             kv = pools.statistics() if pools is not None and pools.pools else {}
             running = len(self.tasks) + (self.thread.running() if self.thread is not None else 0)
-            self.send(peer, m.Stats(m.VERSION, message.token, running, tracked, kv), bare=True)
+            counts = {"peers": self.guard.refused if self.guard is not None else 0, "foreign_messages": self.foreign}
+            refused = {name: count for name, count in counts.items() if count}  # (what it refused: none, mostly)
+            self.send(peer, m.Stats(m.VERSION, message.token, running, tracked, kv, refused), bare=True)
         elif kind is m.Stop:
+            if _user(frames[0]) not in self.keys.user("gateway"):
+                self._foreign("a stop", 0)
+                return
             self.stopping.set()
 
     def _ended(self, act: int, peer: bytes) -> None:
@@ -321,8 +353,21 @@ class Replica:
             with contextlib.suppress(zmq.ZMQError):
                 self.send(peer, m.Cancelled(m.VERSION, act, ""), bare=True)
         self.tasks.pop(act, None)
+        self.owners.pop(act, None)
         self.credits.pop(act, None)
         self.credit_waiters.pop(act, None)
+
+    def _foreign(self, what: str, act: int) -> None:
+        self.foreign += 1
+        if self.foreign == 1 or self.foreign % 100 == 0:
+            log.warning(
+                "replica %d of role `%s`: ignored %s (activation %d) from a peer that does not own it (%d so far)",
+                self.index,
+                self.role_name,
+                what,
+                act,
+                self.foreign,
+            )
 
     def _garbage(self, why: str) -> None:
         self.garbage += 1
@@ -397,11 +442,21 @@ class Replica:
             message, where = failure(error, result, self.python_path)
         log.debug("replica %d of role `%s`: activation %d failed", self.index, self.role_name, act, exc_info=error)
         changes = _changes(before, uses)
+        client = bad_input(error)
         try:
-            self.send(peer, m.Failed(m.VERSION, act, message, where, False, changes is not None), (None, changes))
+            self.send(peer, m.Failed(m.VERSION, act, message, where, False, changes is not None, client), (None, changes))
         except codec.Unpicklable as unpicklable:  # the globals it changed cannot travel: say so, lose them
             message += f" (and its session globals cannot cross processes: {unpicklable})"
-            self.send(peer, m.Failed(m.VERSION, act, message, where, False, False), (None, None))
+            self.send(peer, m.Failed(m.VERSION, act, message, where, False, False, client), (None, None))
+
+
+def _user(frame: Any) -> str:
+    """The peer's authenticated User-Id (ZAP's: the z85 of its CURVE public key, or the PLAIN
+    user name its token proved), or ""."""
+    try:
+        return frame.get("User-Id") or ""
+    except (zmq.ZMQError, AttributeError):
+        return ""
 
 
 def _role_log(replica: Replica) -> logging.Logger:

@@ -1,6 +1,7 @@
 """The HTTP gateway: the aiohttp application `flowc run DIR --http HOST:PORT` serves (any `--deploy`).
 
     GET  /health                  {"status": "ok", "bundle": NAME, "graphs": [...], "core": how the control core runs}
+    GET  /ready                   200 {"ready": true} while the server takes calls; 503 once it drains (SIGTERM)
     GET  /graphs                  every graph: its entry placeholders and their types, streamed and returned fields
     POST /graphs/{graph}          body: a JSON object of entry values (as `--input`);
                                   session: header `X-Flow-Session` or `?session=`; `?timeout=SECONDS`
@@ -12,7 +13,10 @@
                                   SECONDS) until no call is running or queued; under `local`
                                   and `ray`, also replicas up, restarts and each replica
                                   process's own statistics (`processes`); always `in_flight`:
-                                  the calls running, oldest first (graph, call_id, session, age_s)
+                                  the calls running, oldest first (graph, call_id, session, age_s);
+                                  the front door's counts: admitted_running, admission_waiting,
+                                  refused_calls (429/503), unauthorized_requests (401), forbidden_sessions (403);
+                                  session ids, paths and PIDs only to an admin key (flowrt.gateway.exposure)
     GET  /metrics                 Prometheus text format: calls, activations, latency (flowrt.observe.metrics),
                                   and the deployment's replicas, edges, pools and prefix reuse,
                                   gathered from its processes as it is asked (flowrt.observe.deployment)
@@ -23,8 +27,13 @@ Every answer that is not a call's event stream is JSON, and every error is `{"er
 `Content-Encoding` says) or a bad query value, 404 for an unknown graph or path, 405 for a
 method a path does not answer, 413 for a body over the limit, 422 for inputs that do not match
 the graph's entry (names or declared types), 500 for a bug in flowrt (logged with its
-traceback). A client that disconnects cancels its call. Starting and stopping a server is
-flowrt.deploy.serving's.
+traceback). A role that raises flowrt.BadInput before anything was written makes the answer 400
+with its message (`"code": "bad_input"`). A client that disconnects cancels its call. Starting
+and stopping a server is flowrt.deploy.serving's.
+
+The front door (flowrt.frontdoor; docs/security.md): API keys and session owners (401,
+403: flowrt.gateway.access), admission limits and the drain (429, 503, 408:
+flowrt.gateway.admission), and what callers may see (flowrt.gateway.exposure).
 
 A call's events are written as they become ready: all the events ready when the previous write
 returns go out in one write, so a burst costs one send, and an event never waits for a later one.
@@ -46,7 +55,12 @@ from aiohttp import web
 
 from flowrt import options
 from flowrt.control import CORE, BadInputs, BadTimeout, Runtime, UnknownGraph
+from flowrt.control.sessions import reserved
+from flowrt.frontdoor import FrontDoor
 from flowrt.gateway import openai
+from flowrt.gateway.access import ADMIN, PRINCIPAL, Access, SessionOwners, refused_session
+from flowrt.gateway.admission import Admission, HeaderDeadline, Refused, read_body
+from flowrt.gateway.exposure import client_events, hide_paths, public_stats
 from flowrt.observe import CallTrace, Metrics, combine, otlp
 from flowrt.observe.calls import CallsInFlight
 from flowrt.observe.deployment import DeploymentMetrics
@@ -60,12 +74,28 @@ MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)  # bytes
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)  # what GET /metrics reads; the runtime's observer
 DEPLOYMENT_METRICS: web.AppKey[DeploymentMetrics] = web.AppKey("deployment_metrics", DeploymentMetrics)  # ... and this
 IN_FLIGHT: web.AppKey[CallsInFlight] = web.AppKey("in_flight", CallsInFlight)  # GET /stats' `in_flight`; an observer too
+FRONT: web.AppKey[FrontDoor] = web.AppKey("front_door", FrontDoor)  # keys, limits, timeouts (flowrt.frontdoor)
+ADMISSION: web.AppKey[Admission] = web.AppKey("admission", Admission)  # places for calls, and the drain
+ACCESS: web.AppKey[Access] = web.AppKey("access", Access)  # API keys, and what they refused
+OWNERS: web.AppKey[SessionOwners] = web.AppKey("owners", SessionOwners)  # which key owns which session
+HEADERS: web.AppKey[HeaderDeadline] = web.AppKey("headers", HeaderDeadline)  # the header read timeout
 NDJSON = "application/x-ndjson"
 log = logging.getLogger("flowrt.gateway")
 
 
-def _error(status: int, message: str, hint: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message, "hint": hint}, status=status, headers=headers)
+def _error(status: int, message: str, hint: str, headers: dict[str, str] | None = None, code: str | None = None) -> web.Response:
+    body = {"error": message, "hint": hint} | ({"code": code} if code is not None else {})
+    return web.json_response(body, status=status, headers=headers)
+
+
+def refusal(refused: Refused) -> web.Response:
+    """A call the front door does not take (429, 503, 408), as the gateway answers errors."""
+    hint = {
+        429: "wait as long as Retry-After says and send it again",
+        503: "send it to another server, or again once this one is back",
+        408: "send the whole body at once",
+    }.get(refused.status, "send it again")
+    return _error(refused.status, refused.message, hint, refused.headers(), refused.code)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -81,7 +111,10 @@ def event_lines(events: list[dict[str, Any]]) -> bytes:
     return ("\n".join([event_json(event) for event in events]) + "\n").encode()
 
 
-ROUTES = "GET /health, GET /graphs, GET /stats, GET /metrics, POST /graphs/GRAPH, POST /v1/chat/completions, GET /v1/models"
+ROUTES = (
+    "GET /health, GET /ready, GET /graphs, GET /stats, GET /metrics, POST /graphs/GRAPH, POST /v1/chat/completions, "
+    "GET /v1/models"
+)
 
 
 @web.middleware
@@ -117,7 +150,7 @@ async def json_errors(request: web.Request, handler: Callable[[web.Request], Awa
         log.exception("internal error answering %s %s", request.method, request.path)
         return _error(
             500,
-            f"internal error: {type(error).__name__}: {error}",
+            hide_paths(f"internal error: {type(error).__name__}: {error}"),
             "this is a bug in flowrt; the server's log has the traceback; please report it",
         )
 
@@ -127,6 +160,12 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response(
         {"status": "ok", "bundle": runtime.bundle.name, "graphs": sorted(runtime.bundle.plan["graphs"]), "core": CORE}
     )
+
+
+async def ready(request: web.Request) -> web.Response:
+    if request.app[ADMISSION].draining:
+        return web.json_response({"ready": False, "reason": "draining: the server is stopping"}, status=503)
+    return web.json_response({"ready": True})
 
 
 async def graphs(request: web.Request) -> web.Response:
@@ -155,7 +194,13 @@ async def stats(request: web.Request) -> web.Response:
             await asyncio.wait_for(runtime.wait_idle(), idle)
     deployment = request.app.get(DEPLOYMENT)
     answer = await deployment.statistics() if deployment is not None else runtime.statistics()
-    return web.json_response({**answer, "in_flight": request.app[IN_FLIGHT].listing()})
+    door = {
+        **request.app[ADMISSION].statistics(),
+        **request.app[ACCESS].statistics(),
+        "forbidden_sessions": request.app[OWNERS].refused,
+    }
+    answer = {**answer, **door, "in_flight": request.app[IN_FLIGHT].listing()}
+    return web.json_response(answer if request.get(ADMIN) else public_stats(answer))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -183,8 +228,10 @@ async def _read_inputs(request: web.Request, entry: tuple[str, ...]) -> Any:
     """The body as JSON, or an error answer saying what is wrong with it."""
     example = ", ".join(f'"{name}": ...' for name in entry or ("request",))
     hint = f"send a JSON object of entry values, e.g. {{{example}}}"
-    try:
-        body = await request.read()  # over the limit: HTTPRequestEntityTooLarge, answered by `json_errors`
+    try:  # over the limit: HTTPRequestEntityTooLarge, answered by `json_errors`
+        body = await read_body(request, request.app[FRONT].body_timeout)
+    except Refused as refused:
+        return refusal(refused)
     except web.RequestPayloadError as error:  # e.g. `Content-Encoding: gzip` on a body that is not gzip
         return _error(400, unreadable_body(error), f"{hint}, encoded as its Content-Encoding and Transfer-Encoding say")
     try:
@@ -223,6 +270,25 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
         )
     trace = CallTrace("flowrt gateway") if tracing else None
     session = request.headers.get("X-Flow-Session") or request.query.get("session")
+    if session is not None and reserved(session):
+        return _error(400, f"`X-Flow-Session`: {reserved(session)}", "leave the session out for a call of its own")
+    try:
+        async with request.app[ADMISSION].place(session):
+            owners = request.app[OWNERS]
+            if session is not None and not owners.claim(session, request[PRINCIPAL]):
+                return _error(403, refused_session(session), "each API key has sessions of its own", code="session_not_yours")
+            try:
+                return await _answer(request, runtime, graph, inputs, session, timeout, trace)
+            finally:
+                if session is not None:
+                    owners.release(session)
+    except Refused as refused:
+        return refusal(refused)
+
+
+async def _answer(
+    request: web.Request, runtime: Runtime, graph: str, inputs: dict, session: str | None, timeout: float | None, trace: Any
+) -> web.StreamResponse:
     try:
         observer = combine(runtime.observer, trace) if trace is not None else None
         events = runtime.call_batches(graph, inputs, session=session, timeout=timeout, observer=observer)
@@ -231,8 +297,13 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
     except (BadInputs, BadTimeout) as error:
         return _error(422, str(error), "GET /graphs lists each graph's entry fields and their types")
     response: web.StreamResponse | None = None
+    roots = runtime.bundle.python_path
     try:
         async for batch in events:
+            if batch[-1]["event"] == "done":  # the call's last events, told as callers may see them
+                batch = client_events(batch, roots)
+                if response is None and _bad_input(batch[-1]):  # nothing written yet: the caller's to fix
+                    return _bad_input_answer(batch[-1])
             data = event_lines(batch)
             if batch[-1]["event"] == "done":  # the call's last events
                 if trace is not None:  # the trace's JSON text spliced in as the done event's last key
@@ -252,14 +323,41 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
     return response if response is not None else web.Response(status=499)  # the client is gone: nobody reads it
 
 
+def _bad_input(done: dict[str, Any]) -> bool:
+    """A call that failed only because a role found its request bad (flowrt.BadInput)."""
+    errors = done.get("errors") or []
+    return done.get("status") == "error" and bool(errors) and all(e.get("bad_input") for e in errors)
+
+
+def _bad_input_answer(done: dict[str, Any]) -> web.Response:
+    told = "; ".join(
+        (f"role `{e['role']}` (interface `{e['interface']}`): " if e["role"] else "") + e["message"] for e in done["errors"]
+    )
+    return _error(400, f"the request cannot be served: {told}", "fix the request as the message says", code="bad_input")
+
+
 def application(
-    runtime: Runtime, max_body_mb: float = DEFAULT_MAX_BODY_MB, deployment: Any = None, gather: Any = None
+    runtime: Runtime,
+    max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    deployment: Any = None,
+    gather: Any = None,
+    front: FrontDoor | None = None,
 ) -> web.Application:
     """The server's routes over `runtime`, whose calls it counts for /metrics from now on;
-    `gather` (flowrt.deploy.observed) adds the deployment's own metrics to /metrics."""
+    `gather` (flowrt.deploy.observed) adds the deployment's own metrics to /metrics; `front`:
+    keys, limits and timeouts (none by default). flowrt.deploy.serving installs `app[HEADERS]`
+    on the server's connections and drains `app[ADMISSION]` on SIGTERM."""
     max_body = int(max_body_mb * 2**20)
-    app = web.Application(middlewares=[json_errors], client_max_size=max_body)
+    front = front or FrontDoor()
+    headers = HeaderDeadline(front.header_timeout)
+    access = Access(front)
+    app = web.Application(middlewares=[json_errors, headers.middleware, access.middleware], client_max_size=max_body)
     app[RUNTIME] = runtime
+    app[FRONT] = front
+    app[ADMISSION] = Admission(front)
+    app[ACCESS] = access
+    app[OWNERS] = SessionOwners(lambda session: session in runtime.scheduler.queues or session in runtime.sessions.idle)
+    app[HEADERS] = headers
     if deployment is not None:
         app[DEPLOYMENT] = deployment
     app[MAX_BODY] = max_body
@@ -275,11 +373,12 @@ def application(
             runtime.observer = combine(runtime.observer, export)
             app.on_cleanup.append(lambda _: asyncio.to_thread(export.shutdown))
     app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
     app.router.add_get("/graphs", graphs)
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/graphs/{graph}", call_graph)
-    openai.add_routes(app, runtime)
+    openai.add_routes(app, runtime, app[ADMISSION], app[OWNERS], front.body_timeout)
     return app
 
 

@@ -21,7 +21,10 @@ chunks (text frames), `prompt_tokens` is 0 (the roles tokenize, not the gateway)
 `max_tokens` / `max_completion_tokens` cap that count: the call is cancelled there, finish
 reason `length`. Every error is OpenAI's object `{"error": {"message", "type", "param",
 "code"}}`: an HTTP error before the first byte, an SSE `data:` line (then `data: [DONE]`) after
-it. A client that disconnects cancels its call. Registered by flowrt.gateway.http.
+it. A role that raises flowrt.BadInput is 400 `invalid_request_error` (code `bad_input`), which
+OpenAI clients do not retry; a full server 429 `rate_limit_exceeded` with `Retry-After`; a
+draining one 503. A client that disconnects cancels its call. Registered by flowrt.gateway.http,
+whose middleware checks API keys first (flowrt.gateway.access).
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from typing import Any
 from aiohttp import web
 
 from flowrt.control import BadInputs, Runtime, UnknownGraph
+from flowrt.control.sessions import reserved
+from flowrt.gateway.access import PRINCIPAL, SessionOwners, refused_session
+from flowrt.gateway.admission import Admission, Refused, read_body
+from flowrt.gateway.exposure import client_events, hide_paths
 from flowrt.gateway.openai_request import ChatError, ChatRequest, ChatShape, chat_shape, kind_of, parse_body, parse_request
 from flowrt.values import summarize
 
@@ -71,6 +78,7 @@ class Answer:
     failure: ChatError | None = None  # the text field sent something that is not text
     reported_finish: str | None = None  # what the graph said of its own end (`_report`)
     reported_usage: tuple[int, int] | None = None  # (prompt, completion) tokens the graph counted
+    roots: tuple = ()  # the impl's directories: errors' `where` is told relative to them (exposure)
 
     def take(self, batch: list[dict[str, Any]]) -> list[str]:
         """The text pieces among `batch`'s events (the other fields are kept for `flow`); stops
@@ -80,7 +88,7 @@ class Answer:
         for event in batch:
             kind = event["event"]
             if kind == "done":
-                self.done = event
+                self.done = client_events([event], self.roots)[0]
             elif event["field"] == text_field:
                 if self.finish is not None:  # past the cap, waiting for the call's other outputs
                     continue
@@ -144,6 +152,9 @@ class Answer:
         if done["status"] == "ok" and not errors:
             return self.reported_finish or "stop", None
         graph = self.shape.graph
+        if errors and done["status"] != "ok" and all(e.get("bad_input") for e in errors):  # the caller's to fix
+            told = "; ".join((f"role `{e['role']}`: " if e["role"] else "") + e["message"] for e in errors)
+            return "error", ChatError(400, f"the request cannot be served: {told}", None, "bad_input")
         if errors:  # a role failed, even one whose frames had reached the caller already
             told = "; ".join(
                 (f"role `{e['role']}` (interface `{e['interface']}`): " if e["role"] else "")  # (else the deployment's)
@@ -164,9 +175,9 @@ class Answer:
 class Reply:
     """One call's answer in OpenAI's shapes: a `chat.completion`, or SSE chunks."""
 
-    def __init__(self, chat: ChatRequest):
+    def __init__(self, chat: ChatRequest, roots: tuple = ()):
         self.chat = chat
-        self.answer = Answer(chat.shape, chat.limit)
+        self.answer = Answer(chat.shape, chat.limit, roots=roots)
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -221,7 +232,8 @@ class Reply:
             if response is None:
                 raise
             log.exception("internal error streaming %s %s", request.method, request.path)
-            bug = ChatError(500, f"internal error: {type(error).__name__}: {error}; see the server's log", None, "internal_error")
+            told = hide_paths(f"internal error: {type(error).__name__}: {error}; see the server's log")
+            bug = ChatError(500, told, None, "internal_error")
             await response.write_eof(_sse(bug.body()) + DONE)
             return response
         finish, error = answer.ending()
@@ -268,8 +280,10 @@ PATHS = "POST /v1/chat/completions, GET /v1/models, GET /v1/models/MODEL"
 class ChatEndpoint:
     """The /v1 handlers over one runtime; each graph's ChatShape is worked out once."""
 
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, admission: Admission, owners: SessionOwners, body_timeout: float):
         self.runtime = runtime
+        self.admission, self.owners, self.body_timeout = admission, owners, body_timeout
+        self.roots = tuple(runtime.bundle.python_path)
         self.shapes = {graph: chat_shape(runtime, graph) for graph in sorted(runtime.bundle.plan["graphs"])}
         self.created = int(time.time())
 
@@ -305,18 +319,46 @@ class ChatEndpoint:
         return web.json_response(error.body(), status=405, headers={"Allow": allowed})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        chat = parse_request(parse_body(await request.read()), self.shapes, request.headers)
+        try:
+            body = await read_body(request, self.body_timeout)
+        except Refused as refused:
+            return _refusal(refused)
+        chat = parse_request(parse_body(body), self.shapes, request.headers)
+        session = chat.session
+        if session is not None and reserved(session):
+            raise ChatError(400, f"the session (`X-Flow-Session` or `user`): {reserved(session)}", "user", "invalid_session")
+        try:
+            async with self.admission.place(session):
+                if session is not None and not self.owners.claim(session, request[PRINCIPAL]):
+                    raise ChatError(403, refused_session(session), "user", "session_not_yours", "permission_error")
+                try:
+                    return await self._answer(request, chat)
+                finally:
+                    if session is not None:
+                        self.owners.release(session)
+        except Refused as refused:
+            return _refusal(refused)
+
+    async def _answer(self, request: web.Request, chat: ChatRequest) -> web.StreamResponse:
         try:
             events = self.runtime.call_batches(chat.shape.graph, {chat.shape.entry: chat.entry_value}, session=chat.session)
         except (UnknownGraph, BadInputs) as error:  # (the shapes know every graph and its entry: not expected)
             raise ChatError(400, str(error), "messages") from None
-        reply = Reply(chat)
+        reply = Reply(chat, self.roots)
         try:
             if chat.stream:
                 return await reply.streamed(request, events)
             return await reply.gathered(events)
         finally:
             await events.aclose()  # cancels the call if it has not ended; it is retired even if this is cancelled
+
+
+def _refusal(refused: Refused) -> web.Response:
+    """A call the front door does not take, as OpenAI words it (429 `rate_limit_exceeded` and
+    `Retry-After`, which OpenAI clients honour; 503 while draining; 408 for a slow body)."""
+    kind = "rate_limit_exceeded" if refused.status == 429 else "invalid_request_error" if refused.status < 500 else "server_error"
+    error = ChatError(refused.status, refused.message, None, refused.code, kind)
+    return web.json_response(error.body(), status=refused.status, headers=refused.headers())
 
 
 def openai_errors(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
@@ -339,7 +381,7 @@ def openai_errors(handler: Callable[[web.Request], Awaitable[web.StreamResponse]
             raise
         except Exception as error:  # noqa: BLE001 - a bug in flowrt: logged with its traceback, answered as JSON
             log.exception("internal error answering %s %s", request.method, request.path)
-            message = (
+            message = hide_paths(
                 f"internal error: {type(error).__name__}: {error}; this is a bug in flowrt, the server's log has the traceback"
             )
             return ChatError(500, message, None, "internal_error").response()
@@ -347,9 +389,10 @@ def openai_errors(handler: Callable[[web.Request], Awaitable[web.StreamResponse]
     return answering
 
 
-def add_routes(app: web.Application, runtime: Runtime) -> None:
-    """Register the /v1 paths on the gateway's application (flowrt.gateway.http does)."""
-    endpoint = ChatEndpoint(runtime)
+def add_routes(app: web.Application, runtime: Runtime, admission: Admission, owners: SessionOwners, body_timeout: float) -> None:
+    """Register the /v1 paths on the gateway's application (flowrt.gateway.http does), sharing
+    its admission (places for calls) and its session owners."""
+    endpoint = ChatEndpoint(runtime, admission, owners, body_timeout)
     app.router.add_post("/v1/chat/completions", openai_errors(endpoint.chat_completions))
     app.router.add_get("/v1/models", openai_errors(endpoint.models))
     app.router.add_get("/v1/models/{model}", openai_errors(endpoint.model))

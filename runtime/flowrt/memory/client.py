@@ -3,10 +3,18 @@
 Requests that need an answer (allocate, take a ref on a block being forwarded, claim weights)
 are synchronous round trips with a deadline: a manager that does not answer in `timeout`
 seconds raises `MemoryUnavailable` naming it, which fails the activation that asked, never
-the process. Frees and the gateway's refs are sent without waiting, in order on the same
-socket, so a block's refs never drop to 0 on the way. The client maps the manager's slab once
+the process. After such a timeout the client does not wait again for a manager that shows no
+sign of life: until `timeout` more seconds have passed, a request fails at once, unless the
+manager has answered since (a late answer: it was stopped or busy) or a manager has accepted the
+socket's connection since (the supervisor restarted it: the socket reconnects by itself, and a
+socket monitor tells the client). A request made while the connection is down waits a moment
+(RECONNECT_WAIT) for a restarted manager to take it, and the error says what is true now.
+Frees and the gateway's refs are sent without waiting, in order on the same socket, so a
+block's refs never drop to 0 on the way. The client maps the manager's slab once
 (shared, for what this process writes) and each received block on its own (private,
 copy-on-write; `views` finds the block behind any address of one, for forwarding).
+Given a deployment's `keys`, the socket authenticates (flowrt.transport.keys) with the
+`as_` key: it talks only to the deployment's manager, which admits only the deployment.
 """
 
 from __future__ import annotations
@@ -22,12 +30,15 @@ from collections import deque
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from flowrt.errors import FlowrtError
 from flowrt.memory import protocol as p
 from flowrt.memory.slab import Mapping, address_of
 
 REQUEST_TIMEOUT = 5.0  # seconds a manager has to answer before it counts as gone
+RECONNECT_IVL_MS = 50  # how often the socket tries to reach a manager that went away
+RECONNECT_WAIT = 0.2  # seconds a request waits, while the connection is down, for a restarted manager to take it
 
 
 class MemoryError_(FlowrtError):
@@ -66,6 +77,8 @@ class MemoryClient:
         timeout: float = REQUEST_TIMEOUT,
         participants: int = 1,
         colocated: str = "",
+        keys: Any = None,
+        as_: str = "member",
     ):
         self.endpoint = endpoint
         self.kind = kind
@@ -77,6 +90,12 @@ class MemoryClient:
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        if keys is not None:
+            keys.dial(self.socket, as_, endpoint)
+        # the connection's ups and downs: a manager restarted on the endpoint is taken at once
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.link_up = True  # whether the connection to a manager is up, as the monitor last told
         self.socket.connect(endpoint)
         self.lock = threading.RLock()
         self.queued: deque[bytes] = deque()  # posted, not sent yet (see `post`)
@@ -90,6 +109,8 @@ class MemoryClient:
         self.views: dict[int, View] = {}
         self.quiet_until = 0.0  # after a request timed out: fail fast until then (the caller's loop keeps running)
         self.quiet_for = timeout  # how long that request had waited
+        self.quiet_since = 0.0  # when it timed out
+        self.quiet_what = ""  # what it asked
         self.settled: dict[str, tuple[int, int]] = {}  # kv_pool_barrier groups this process passed: participants, value
         self.request(p.Hello(p.VERSION, 0, int(self.process), kind, name))
 
@@ -98,12 +119,10 @@ class MemoryClient:
     def request(self, message: p.Request, timeout: float | None = None) -> p.Reply:
         """Send `message` and wait for its answer; MemoryUnavailable or MemoryRefused."""
         timeout = self.timeout if timeout is None else timeout
-        if time.monotonic() < self.quiet_until:
-            raise MemoryUnavailable(
-                f"the memory manager at {self.endpoint} did not answer a request within {self.quiet_for:g}s a moment ago "
-                "(it died or is restarting; the deployment's supervisor restarts it)"
-            )
         with self.lock:
+            taken, _ = self._watch_link()  # (from here on, news is news of this request's time)
+            if time.monotonic() < self.quiet_until and not self._back(taken):
+                raise MemoryUnavailable(self._still_quiet())
             self.sending = True
             try:
                 self._send_queued()  # what was posted goes first: a request never overtakes a free
@@ -115,7 +134,16 @@ class MemoryClient:
                     if remaining <= 0 or not self.socket.poll(int(remaining * 1000) + 1):
                         # one wait per `timeout`, not one per request: a process whose loop sends many
                         # requests stays responsive (its heartbeats go out) while the manager is away
-                        self.quiet_until, self.quiet_for = time.monotonic() + timeout, timeout
+                        taken, dropped = self._watch_link()
+                        if taken and dropped and self.link_up:  # the manager died and another took the connection
+                            raise MemoryUnavailable(  # (no quiet: the new one is there)
+                                f"the memory manager at {self.endpoint} was restarted while {type(message).__name__} "
+                                f"waited for its answer ({timeout:g}s): the request went to the one that died; "
+                                "the next request goes to the new one"
+                            )
+                        self.quiet_since = time.monotonic()
+                        self.quiet_until, self.quiet_for = self.quiet_since + timeout, timeout
+                        self.quiet_what = type(message).__name__
                         raise MemoryUnavailable(
                             f"the memory manager at {self.endpoint} did not answer {type(message).__name__} within "
                             f"{timeout:g}s (it died or is restarting; the deployment's supervisor restarts it)"
@@ -135,6 +163,57 @@ class MemoryClient:
         if type(message) is p.Arrive and "value" in reply.data:
             self.settled[message.group] = (message.participants, int(reply.data["value"]))
         return reply
+
+    def _watch_link(self, wait: float = 0.0) -> tuple[bool, bool]:
+        """Read what the socket monitor told since the last call (waiting up to `wait` seconds
+        for news): whether a manager accepted the connection meanwhile, and whether one dropped
+        it. Under `lock`."""
+        taken = dropped = False
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.monitor.poll(int(remaining * 1000) + 1):
+                    return taken, dropped
+                continue
+            except zmq.ZMQError:
+                return taken, dropped
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.link_up = taken = True
+                deadline = 0.0  # (news came: no more waiting)
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.link_up, dropped = False, True
+
+    def _back(self, taken: bool) -> bool:
+        """During the quiet period after a timeout: whether the manager has shown it is there
+        since (a late answer waits on the socket, or a manager accepted the connection: `taken`,
+        the supervisor restarted it); a connection that is down gets RECONNECT_WAIT to come back.
+        Ends the quiet period if so. Under `lock`."""
+        if not taken and not self.link_up:
+            taken = self._watch_link(RECONNECT_WAIT)[0]
+        if taken or self.socket.poll(0):
+            self.quiet_until = 0.0
+            return True
+        return False
+
+    def _still_quiet(self) -> str:
+        """What is true now of a manager that timed out a moment ago and has shown no sign since."""
+        now = time.monotonic()
+        said = (
+            f"the memory manager at {self.endpoint} did not answer {self.quiet_what} within {self.quiet_for:g}s "
+            f"({now - self.quiet_since:.1f}s ago)"
+        )
+        if not self.link_up:
+            return (
+                f"{said}, and no memory manager has accepted this process's connection since: it is down "
+                "(the deployment's supervisor restarts it; requests are tried again as soon as one is back)"
+            )
+        return (
+            f"{said}, and has not answered since though its connection is open (it is stopped or overloaded); "
+            f"requests fail at once for {self.quiet_until - now:.1f}s more unless it answers"
+        )
 
     def resettle(self) -> None:
         """Tell the manager the kv_pool_barrier sizes this process agreed on (a manager that
@@ -248,6 +327,8 @@ class MemoryClient:
         return dict(self.request(p.Statistics(p.VERSION, 0), timeout).data)
 
     def close(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.socket.disable_monitor()
         self.context.destroy(linger=0)
         for mapping in self.mappings.values():
             mapping.close()

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from flowrt.errors import FlowrtError
 from flowrt.memory import slab
@@ -128,8 +129,17 @@ def remove_files_of(pid: int) -> list[str]:
 
 
 class ManagerProcess:
-    def __init__(self, endpoint: str, nbytes: int, *, debug: bool = False, on_down: Callable[[str], None] = lambda reason: None):
+    def __init__(
+        self,
+        endpoint: str,
+        nbytes: int,
+        *,
+        debug: bool = False,
+        on_down: Callable[[str], None] = lambda reason: None,
+        keys: Any = None,
+    ):
         self.endpoint = endpoint
+        self.keys = keys  # the deployment's (flowrt.transport.keys.Keys), given to the manager in its environment
         self.nbytes = nbytes
         self.debug = debug
         self.on_down = on_down
@@ -147,6 +157,8 @@ class ManagerProcess:
         if self.nbytes <= 0:
             raise MemoryStartError("a memory pool of 0 MiB turns the data plane off: no memory manager is started for it")
         config = {"endpoint": self.endpoint, "pool_bytes": self.nbytes, "parent": os.getpid(), "debug": self.debug}
+        if self.keys is not None:
+            config["keys"] = self.keys.for_replica()
         proc = self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

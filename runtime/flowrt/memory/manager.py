@@ -9,7 +9,8 @@ looks for client processes that died and drops what they held (their refs, their
 they were a gateway, their weights). Garbage on the socket is logged and dropped.
 
 Started with its configuration in $FLOWRT_MEMORY_CONFIG (JSON: endpoint, pool_bytes,
-min_block, prefault, parent), it prints READY_LINE with its slab's path once it listens, or
+min_block, prefault, parent, and the deployment's `keys`, with which its socket admits only
+the deployment's gateway and replicas: flowrt.transport.keys), it prints READY_LINE with its slab's path once it listens, or
 FAILED_LINE saying why it cannot (both on stdout), and exits when its parent goes away.
 """
 
@@ -320,6 +321,19 @@ def answer(manager: MemoryManager, socket: zmq.Socket, frames: list) -> None:
         socket.send_multipart([frames[0].bytes, p.encode(reply)])
 
 
+def secured(context: zmq.Context, keys: dict | None):
+    """The ZAP handler admitting the deployment's gateway and replicas to a manager's socket
+    (with `.keys` to make the socket a CURVE server), or None without keys (a test's manager)."""
+    from flowrt.transport.keys import Guard, Keys
+
+    found = Keys.from_config(keys)
+    if found is None:
+        return None
+    guard = Guard(context, found, ["gateway", "member"], "memory")
+    guard.keys = found
+    return guard
+
+
 def main() -> int:
     config = json.loads(os.environ.pop(CONFIG_ENV, "{}") or "{}")
     if not config:
@@ -339,9 +353,12 @@ def main() -> int:
         )
         return 3
     context = zmq.Context()
+    guard = secured(context, config.get("keys"))
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 0)
     try:
+        if guard is not None:
+            guard.keys.serve(socket, config["endpoint"])
         endpoint = bind(socket, config["endpoint"])
     except zmq.ZMQError as error:
         manager.close()
@@ -354,6 +371,8 @@ def main() -> int:
         pass
     finally:
         manager.close()
+        if guard is not None:
+            guard.stop()
         context.destroy(linger=0)
         with contextlib.suppress(OSError):
             if config["endpoint"].startswith("ipc://"):

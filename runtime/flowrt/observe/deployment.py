@@ -1,7 +1,7 @@
 """Prometheus metrics of a whole deployment, gathered from its processes when /metrics is
 scraped: replicas (up, in flight, queued, restarts, heartbeat lapses), frames and bytes per
-edge of each graph, the Tmp Buffer Pool's bytes, KV pages per tier, and prefix-reuse tokens
-per role (docs/observe.md lists them).
+edge of each graph, the Tmp Buffer Pool's bytes, KV pages per tier and the pages refused because
+their slot held another page, and prefix-reuse tokens per role (docs/observe.md lists them).
 
 `DeploymentMetrics` owns these families and nothing else: it knows neither the control core
 nor the deployment. It is given `gather`, an async callable (flowrt.deploy.observed builds it)
@@ -12,7 +12,9 @@ that returns a *snapshot*, plain values only:
      "edges": [{"graph": str, "producer": str, "consumer": str, "frames": int, "bytes": int}, ...],
      "tmp_buffer": {process: {state: bytes}},           # state: used, requested, free, capacity
      "kv_pages": {process: {tier: {state: pages}}},      # tier: L1, L2, L3
-     "prefix_tokens": {role: {kind: tokens}}}            # kind: hit, computed, recomputed
+     "kv_mismatched_pages": {process: pages},            # slots below L1 that held another page
+     "prefix_tokens": {role: {kind: tokens}},            # kind: hit, computed, recomputed
+     "refused": {process: {kind: count}}}                # kind: forged_records, peers, foreign_messages
 
 Any key may be missing (nothing to report). `refresh()` gathers a snapshot (the gateway awaits
 it before each scrape), `collect()` turns the last one into metric families, and
@@ -85,6 +87,15 @@ class DeploymentMetrics:
                 for state, value in sorted(states.items()):
                     kv.add_metric([process, tier, state], value)
         yield kv
+        mismatched = CounterMetricFamily(
+            "flowrt_kv_mismatched_pages",
+            "KV pages a process did not use because the slot it was sent to (in a peer's L2, its own L2 or L3) held "
+            "another page; each was recomputed (metadata that lied, or a slot rewritten meanwhile).",
+            labels=["process"],
+        )
+        for process, pages in sorted(snapshot.get("kv_mismatched_pages", {}).items()):
+            mismatched.add_metric([process], pages)
+        yield mismatched
         prefix = CounterMetricFamily(
             "flowrt_prefix_tokens",
             "Prompt tokens of prefix-reusing roles: hit (K/V from the KV pool), computed (prefilled), "
@@ -95,6 +106,17 @@ class DeploymentMetrics:
             for kind in PREFIX_KINDS:
                 prefix.add_metric([role, kind], kinds.get(kind, 0))
         yield prefix
+        refused = CounterMetricFamily(
+            "flowrt_refused",
+            "What a deployment's process refused from other processes, by kind: forged_records (registry records whose "
+            "MAC did not verify under the deployment's key), peers (connections without the deployment's keys), "
+            "foreign_messages (Cancel, Credit or Stop from a peer that does not own the activation or the replica).",
+            labels=["process", "kind"],
+        )
+        for process, kinds in sorted(snapshot.get("refused", {}).items()):
+            for kind, count in sorted(kinds.items()):
+                refused.add_metric([process, kind], count)
+        yield refused
 
 
 def _replicas(replicas: Any) -> Iterator[Metric]:

@@ -11,6 +11,10 @@ metadata joined into one cache (shared/DESIGN.md §6, Omni-Flow §4.1).
   machine holds: L1 first, then this pool's L2 and L3, then the metadata store (one round trip)
   for pages peers hold. Every page found is brought into L1 by `SlotEngine.fetch_many`:
   concurrent misses on a page make one copy, runs of slots move as single segments (promotion).
+  A slot of L2, L3 or a peer's L2 is used only if its label says it holds the page asked for
+  (tiers.MappedTier), checked before the copy and again after it: a slot holding another page
+  (the metadata store lied, or the slot was rewritten meanwhile) is a miss from that page on,
+  counted (`mismatched_pages`) and logged, and nothing of it reaches L1.
 - **Evicting**: L1 drops idle pages coldest first; a page that L2 lacks is copied down first
   (demotion). L2 makes room through the metadata store's guarded eviction: a page a peer is
   reading (replica lock), that a running session uses (run lock), or whose last full copy this
@@ -43,6 +47,7 @@ from flowrt.params.layout import KVLayout
 from flowrt.params.meta import EmbeddedStore, MetaStore
 from flowrt.params.pool_down import Demotion
 from flowrt.params.pool_publish import DONE, MAX_CHAINS, RETRY, UNKNOWN, Publishing
+from flowrt.params.pool_verify import PageMismatch, Verification
 from flowrt.params.slots import PageLoadAbandoned, SlotEngine, SlotError, SlotsExhausted, Tracker
 from flowrt.params.tiers import CopyStats, DeviceTier, DiskTier, FlatTier, HostTier, Tier, copy_slots
 
@@ -67,6 +72,7 @@ class PoolCounters:
     copy_segments: int = 0
     copy_bytes: int = 0
     meta_errors: int = 0
+    mismatched_pages: int = 0  # slots below L1 that did not hold the page asked for: recomputed, never used
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class _Found:
     tier: Tier | None = None
     slot: int | None = None
     peer: str | None = None
+    version: int | None = None  # the slot's label version when checked (tiers.MappedTier.holds)
 
 
 def default_node(name: str) -> str:
@@ -97,7 +104,7 @@ def default_node(name: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}:{name}"
 
 
-class KVPool(Publishing, Demotion):
+class KVPool(Publishing, Demotion, Verification):
     def __init__(
         self,
         layout: KVLayout,
@@ -141,6 +148,7 @@ class KVPool(Publishing, Demotion):
         self._chains: dict[str, list[str]] = {}  # session -> its pages as committed here (recent last)
         self._unpublished: dict[str, int] = {}  # session -> first page the store has not taken
         self._beat_at: float | None = None
+        self._mismatch_logged_at: float | None = None  # (pool_verify)
         try:
             if host_pages:
                 self.host = HostTier.create(layout, host_pages)
@@ -288,7 +296,7 @@ class KVPool(Publishing, Demotion):
         cut = next((i for i, item in enumerate(found) if item.key in self._writing), len(found))
         found = found[:cut]  # (a page being written here is not readable, wherever else it lies)
         locked = found
-        found = self._lock_peers(locked)
+        found = self._verify(self._lock_peers(locked))
         chosen = [item.key for item in found]
         by_key = {item.key: item for item in found}
         retries = 0
@@ -300,6 +308,12 @@ class KVPool(Publishing, Demotion):
                 except SlotsExhausted:  # L1 cannot take them all (held by others): the prefix it can take
                     chosen = chosen[: self._fitting(chosen)]
                 except PageLoadAbandoned:  # the request loading some of them was cancelled: load them ourselves
+                    retries += 1
+                    if retries > 3:
+                        raise
+                except PageMismatch as error:  # a slot changed under the copy: the prefix before it
+                    bad = [i for i, key in enumerate(chosen) if key in error.keys]
+                    chosen = chosen[: min(bad)] if bad else chosen
                     retries += 1
                     if retries > 3:
                         raise
@@ -353,7 +367,17 @@ class KVPool(Publishing, Demotion):
                 break
             if self.l1.slot_of(key) is not None:
                 found.append(_Found(key, "device"))
-            elif self.l2 is not None and key in self.l2:
+            elif below := self._below_l1([key]):
+                found.extend(below)
+            else:
+                break
+        return found
+
+    def _below_l1(self, keys: list[str]) -> list[_Found]:
+        """Where L2, else L3, of this process holds each of the leading `keys` it holds."""
+        found: list[_Found] = []
+        for key in keys:
+            if self.l2 is not None and key in self.l2:
                 found.append(_Found(key, "host", self.host, self.l2.slot_of(key)))
             elif self.l3 is not None and key in self.l3:
                 found.append(_Found(key, "disk", self.disk, self.l3.slot_of(key)))
@@ -388,11 +412,25 @@ class KVPool(Publishing, Demotion):
         groups: dict[int, tuple[Tier, list[int], list[int]]] = {}
         holds: list[tuple[SlotEngine, str]] = []
         promoter = f"{PROMOTER}-{next(self._promotions)}"
+        engines = {"host": self.l2, "disk": self.l3}
+        moved = []
+        for key in missed:  # moved L2 -> L3 since looked up (room made for this very fetch): read it there
+            engine = engines.get(by_key[key].source)
+            if engine is not None and engine.slot_of(key) != by_key[key].slot:
+                again = self._verify(self._below_l1([key]), count=False)
+                if again:
+                    by_key[key] = again[0]
+                else:
+                    moved.append(key)
+        if moved:  # in no tier of this process any more: misses
+            raise PageMismatch(
+                f"KV pool `{self.layout.name}`: {len(moved)} page(s) left every tier before they were copied", moved
+            )
         for key, slot in zip(missed, into, strict=True):
             item = by_key[key]
             if item.tier is None or item.slot is None:  # it was in L1 when looked up: never between
                 raise SlotError(f"KV pool `{self.layout.name}`: page {key} left every tier while it was being read")
-            engine = {"host": self.l2, "disk": self.l3}.get(item.source)
+            engine = engines.get(item.source)
             if engine is not None:
                 engine.acquire(Tracker.READBACK, [key], promoter)
                 holds.append((engine, key))
@@ -408,6 +446,11 @@ class KVPool(Publishing, Demotion):
         finally:
             for engine, key in holds:
                 engine.release([key], promoter, Tracker.READBACK)
+        changed = [key for key in missed if by_key[key].tier.version(by_key[key].slot) != by_key[key].version]
+        if changed:  # rewritten while copied: what reached L1 may be another page (fetch_many frees it)
+            first = min(missed.index(key) for key in changed)
+            self._mismatched([by_key[key] for key in missed[first:]], by_key[missed[first]])
+            raise PageMismatch(f"KV pool `{self.layout.name}`: {len(changed)} page(s) changed while they were copied", changed)
         self._count(stats)
         self.counters.promoted_pages += len(missed)
         self.counters.peer_pages += sum(1 for key in missed if by_key[key].source == "peer")
@@ -490,7 +533,7 @@ class SharedPages:
 
     def __post_init__(self) -> None:
         self.locked = self.found
-        self.found = self.pool._lock_peers(self.found)
+        self.found = self.pool._verify(self.pool._lock_peers(self.found))
 
     @property
     def pages(self) -> int:

@@ -1,6 +1,6 @@
 """The KV pool's way down: committed pages written through to L2, room made in L2 through the
-metadata store's guarded eviction, pages demoted L1 -> L2 -> L3. A mixin of `KVPool`
-(flowrt.params.pool)."""
+metadata store's guarded eviction, pages demoted L1 -> L2 -> L3; every slot written below L1 is
+labelled with the page it holds (tiers.MappedTier). A mixin of `KVPool` (flowrt.params.pool)."""
 
 from __future__ import annotations
 
@@ -51,8 +51,15 @@ class Demotion:
             log.warning("%s; the pages stay in this process's device tier", error)
             return False
         host_slots = self.l2.allocate(missing)
-        self._count(copy_slots(self.device, [self.l1.slot_of(key) for key in missing], self.host, host_slots))
+        self._copy_labelled(self.device, [self.l1.slot_of(key) for key in missing], self.host, host_slots, missing)
         return True
+
+    def _copy_labelled(self, src: Any, src_slots: list[int], dst: Any, dst_slots: list[int], keys: list[str]) -> None:
+        """Copy pages `keys` into slots of L2 or L3, labelled (tiers.MappedTier): a reader never
+        takes a slot being rewritten, or the page that was there before, for one of them."""
+        dst.unlabel(dst_slots)
+        self._count(copy_slots(src, src_slots, dst, dst_slots))
+        dst.label(dst_slots, keys)
 
     def _make_room(self, wanted: int) -> None:
         """Free `wanted` L2 slots: idle pages, coldest first, that the metadata guards let go.
@@ -117,8 +124,11 @@ class Demotion:
     def _demote_to_disk(self, key: str, host_slot: int) -> None:
         if self.l3 is None or self.disk is None or self.host is None or self.l3.slot_of(key) is not None:
             return
+        if self.host.holds(host_slot, key) is None:  # not what L2 was told to hold (rewritten by another process)
+            self.counters.mismatched_pages += 1
+            return
         (disk_slot,) = self.l3.allocate([key])
-        self._count(copy_slots(self.host, [host_slot], self.disk, [disk_slot]))
+        self._copy_labelled(self.host, [host_slot], self.disk, [disk_slot], [key])
         self.counters.demoted_pages += 1
 
     def _demote_from_l1(self, key: str, slot: int) -> None:
@@ -133,5 +143,5 @@ class Demotion:
         except SlotsExhausted:
             return  # nothing below can take it: the page goes (KV is a cache; it is recomputed)
         (host_slot,) = self.l2.allocate([key])
-        self._count(copy_slots(self.device, [slot], self.host, [host_slot]))
+        self._copy_labelled(self.device, [slot], self.host, [host_slot], [key])
         self.counters.demoted_pages += 1

@@ -9,7 +9,12 @@
   its pages persist across close and reopen.
 
 Every tier gives zero-copy views (`view`) over the Cartesian product of sub and slice names for
-one slot, bounds-checked. `copy_slots` copies pages between any two tiers (or within one): with
+one slot, bounds-checked. The mapped tiers (L2, L3) also say which page each slot holds: a
+*label* per slot after the pages (`mapped_bytes`), the page's hash and a sequence number, odd
+while the owner rewrites the slot (a seqlock). The owner `unlabel`s slots before writing them and
+`label`s them after; a reader, in this process or another, asks `holds(slot, key)` before using a
+slot and `version(slot)` after copying it, so a slot that holds another page (metadata that lied,
+a slot reused meanwhile) is a miss, never a wrong page. `copy_slots` copies pages between any two tiers (or within one): with
 `coalesce`, each run where the source slots and the destination slots are both consecutive
 moves as one segment (FlowKV): one copy of contiguous bytes between flat tiers, one call of the
 layout conversion (flowrt.params.convert) between L1 and a flat tier. `CopyStats.segments`
@@ -21,6 +26,7 @@ torch is needed to build a tier (the `torch` extra); this module imports it when
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import operator
 import os
 from collections.abc import Iterable, Sequence
@@ -36,6 +42,27 @@ if TYPE_CHECKING:
     import torch
 
 DISK_SUFFIX = ".kvpages"
+LABEL_BYTES = 32  # per slot: the sequence number (int64), the page's 16-byte hash, 8 spare bytes
+LABEL_ALIGN = 64
+
+
+def labels_offset(layout: KVLayout, slots: int) -> int:
+    """Where the labels of a mapped tier of `slots` pages begin (after the pages, aligned)."""
+    return -(-slots * layout.page_bytes // LABEL_ALIGN) * LABEL_ALIGN
+
+
+def mapped_bytes(layout: KVLayout, slots: int) -> int:
+    """The size of a mapped tier's file: its pages, then one label per slot."""
+    return labels_offset(layout, slots) + slots * LABEL_BYTES
+
+
+def page_label(key: str) -> bytes:
+    """The 16 bytes a slot holding page `key` is labelled with: the page hash itself (32 hex
+    digits, flowrt.compute.hashing), or a BLAKE2b digest of any other key."""
+    if len(key) == 32:
+        with contextlib.suppress(ValueError):
+            return bytes.fromhex(key)
+    return hashlib.blake2b(key.encode(), digest_size=16).digest()
 
 
 def _torch() -> Any:
@@ -174,13 +201,14 @@ class FlatTier(Tier):
 
 
 class MappedTier(FlatTier):
-    """A flat tier over a file mapped shared: every process that maps it sees the same pages."""
+    """A flat tier over a file mapped shared: every process that maps it sees the same pages,
+    and the same labels (which page each slot holds, see the module's docstring)."""
 
     def __init__(self, layout: KVLayout, slots: int, path: str | Path):
         check_slot_count(self.kind, layout, slots)  # before the file is touched
         self.path = Path(path)
         self._mapping: slab.Mapping | None = slab.Mapping(self.path)
-        needed = slots * layout.page_bytes
+        needed = mapped_bytes(layout, slots)
         if self._mapping.size < needed:
             size = self._mapping.size
             self._unmap()
@@ -189,10 +217,56 @@ class MappedTier(FlatTier):
                 f"{needed} are needed"
             )
         torch = _torch()
-        super().__init__(layout, slots, torch.frombuffer(self._mapping.map, dtype=torch.uint8, count=needed))
+        super().__init__(layout, slots, torch.frombuffer(self._mapping.map, dtype=torch.uint8, count=slots * layout.page_bytes))
+        start = labels_offset(layout, slots)
+        self._labels: memoryview | None = memoryview(self._mapping.map)[start : start + slots * LABEL_BYTES]
+        self._sequence: memoryview | None = self._labels.cast("q")  # slot s's number at [s * LABEL_BYTES // 8]
+
+    def unlabel(self, slots: Iterable[int]) -> None:
+        """The owner is about to write `slots`: until `label`, they hold no page for any reader."""
+        assert self._sequence is not None
+        step = LABEL_BYTES // 8
+        for slot in self.check_slots(slots):
+            number = self._sequence[slot * step]
+            if not number & 1:
+                self._sequence[slot * step] = number + 1
+
+    def label(self, slots: Iterable[int], keys: Sequence[str]) -> None:
+        """The owner wrote page keys[i] into slots[i] (after `unlabel`): readers may use them."""
+        assert self._labels is not None and self._sequence is not None
+        step = LABEL_BYTES // 8
+        for slot, key in zip(self.check_slots(slots), keys, strict=True):
+            at = slot * LABEL_BYTES
+            self._labels[at + 8 : at + 24] = page_label(key)
+            number = self._sequence[slot * step]
+            self._sequence[slot * step] = number + 1 if number & 1 else number + 2
+
+    def holds(self, slot: int, key: str) -> int | None:
+        """The slot's version if it holds page `key`, written whole (not being rewritten), else
+        None. A reader that copies the slot compares `version(slot)` with it afterwards."""
+        if self._sequence is None or self._labels is None:
+            return None
+        slot = self.check_slot(slot)
+        number = self._sequence[slot * (LABEL_BYTES // 8)]
+        if number == 0 or number & 1:
+            return None  # never labelled, or being written
+        at = slot * LABEL_BYTES
+        if self._labels[at + 8 : at + 24] != page_label(key):
+            return None
+        return number if self._sequence[slot * (LABEL_BYTES // 8)] == number else None
+
+    def version(self, slot: int) -> int | None:
+        """The slot's sequence number now (None once unmapped)."""
+        if self._sequence is None:
+            return None
+        return self._sequence[self.check_slot(slot) * (LABEL_BYTES // 8)]
 
     def _unmap(self) -> None:
         self.bytes = self.typed = None  # type: ignore[assignment]
+        for view in (getattr(self, "_sequence", None), getattr(self, "_labels", None)):
+            if view is not None:
+                view.release()
+        self._sequence = self._labels = None
         if self._mapping is not None:
             self._mapping.close()  # views still held keep their pages mapped until they go
             self._mapping = None
@@ -214,7 +288,7 @@ class HostTier(MappedTier):
     def create(cls, layout: KVLayout, slots: int, *, prefault: bool = False) -> HostTier:
         """A new shared file (/dev/shm/flowrt-mem-PID-kv-LAYOUTID-...) of `slots` pages, zeroed."""
         check_slot_count(cls.kind, layout, slots)
-        path = slab.create(f"kv-{layout.layout_id()}", slots * layout.page_bytes, prefault=prefault)
+        path = slab.create(f"kv-{layout.layout_id()}", mapped_bytes(layout, slots), prefault=prefault)
         try:
             return cls(layout, slots, path, owner=True)
         except BaseException:
@@ -237,7 +311,8 @@ class HostTier(MappedTier):
 
 
 class DiskTier(MappedTier):
-    """L3: flat pages in DIRECTORY/NAME-LAYOUTID.kvpages, memory-mapped; reopening keeps them."""
+    """L3: flat pages in DIRECTORY/NAME-LAYOUTID.kvpages, memory-mapped; reopening keeps them
+    (and their labels)."""
 
     kind = "disk"
 
@@ -248,8 +323,8 @@ class DiskTier(MappedTier):
         path = directory / f"{layout.name}-{layout.layout_id()}{DISK_SUFFIX}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            if os.fstat(fd).st_size < slots * layout.page_bytes:
-                os.ftruncate(fd, slots * layout.page_bytes)  # sparse: a page costs disk once written
+            if os.fstat(fd).st_size < mapped_bytes(layout, slots):
+                os.ftruncate(fd, mapped_bytes(layout, slots))  # sparse: a page costs disk once written
         finally:
             os.close(fd)
         super().__init__(layout, slots, path)

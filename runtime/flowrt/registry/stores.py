@@ -11,12 +11,25 @@ TTL/3, so a key that expired is a lapse. The gateway also keeps a marker key: wh
 Redis lost its data (a restart), and every replica gets one TTL to re-register before any is
 dropped. While Redis is unreachable, replicas keep serving and the gateway keeps the records it
 has (the data path does not go through Redis); both retry and log once.
+
+Both are authenticated with the deployment's keys (flowrt.transport.keys): the embedded
+registry's socket admits only the replicas' `member` key, so a peer
+without it never gets a message through; a Redis record is a `SignedRecord`, its MAC an
+HMAC-SHA256 under the deployment's MAC key over the protocol version, the record's key name and
+its bytes. A record whose MAC does not verify (written by someone without the key, or copied
+to another key) is ignored, logged once per key and counted (`forged`): its address is never
+dialled, and no replica is dropped or killed because of it. Why a MAC rather than a Redis ACL
+user per deployment: Redis may be shared and run by someone else (ACLs need its admin, and
+whoever holds that admin's rights, or a `default` user left open, could still write); a MAC
+asks nothing of Redis and holds against anyone who can write there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 from urllib.parse import urlsplit
 
@@ -25,6 +38,7 @@ import zmq
 import zmq.asyncio
 
 from flowrt.registry.directory import Directory
+from flowrt.transport.keys import Guard, Keys
 from flowrt.transport.messages import VERSION, Garbage, Heartbeat, Register, decode, encode
 
 log = logging.getLogger("flowrt.registry")
@@ -107,24 +121,70 @@ class RedisRecord(msgspec.Struct, array_like=True):
     heartbeat: Heartbeat
 
 
+class SignedRecord(msgspec.Struct, array_like=True):
+    """What a Redis key holds: a RedisRecord's bytes and their MAC (`record_mac`)."""
+
+    version: int
+    record: bytes
+    mac: bytes
+
+
 _record_decoder = msgspec.msgpack.Decoder(RedisRecord)
+_signed_decoder = msgspec.msgpack.Decoder(SignedRecord)
+
+
+class Forged(Exception):
+    """A Redis record whose MAC does not verify under the deployment's key."""
+
+
+def record_mac(mac_key: bytes, key: str, record: bytes) -> bytes:
+    """HMAC-SHA256 under the deployment's MAC key over the record's canonical bytes: the
+    protocol version, the Redis key it is stored under, and the record's msgpack bytes."""
+    return hmac.new(mac_key, b"flowrt-registry\0%d\0%s\0" % (VERSION, key.encode()) + record, hashlib.sha256).digest()
+
+
+def signed(mac_key: bytes, key: str, record: RedisRecord) -> bytes:
+    data = msgspec.msgpack.encode(record)
+    return msgspec.msgpack.encode(SignedRecord(VERSION, data, record_mac(mac_key, key, data)))
+
+
+def verified(mac_key: bytes, deployment: str, key: str, value: bytes) -> RedisRecord:
+    """The record under `key`, once its MAC verifies: Forged if it does not (or if it names
+    another replica than its key's); another exception if the value is no record at all."""
+    envelope = _signed_decoder.decode(value)
+    if envelope.version != VERSION or not hmac.compare_digest(envelope.mac, record_mac(mac_key, key, envelope.record)):
+        raise Forged("its MAC does not verify under the deployment's key")
+    record = _record_decoder.decode(envelope.record)
+    if replica_key(deployment, record.register.role, record.register.replica) != key:
+        raise Forged("it names another replica than its key")
+    if (record.heartbeat.role, record.heartbeat.replica, record.heartbeat.incarnation) != (
+        record.register.role,
+        record.register.replica,
+        record.register.incarnation,
+    ):
+        raise Forged("its heartbeat is another replica's")
+    return record
 
 
 # ── the gateway's side: sources feeding a Directory ──
 
 
 class EmbeddedSource:
-    def __init__(self, context: zmq.asyncio.Context, endpoint: str, directory: Directory):
+    def __init__(self, context: zmq.asyncio.Context, endpoint: str, directory: Directory, keys: Keys):
         from flowrt.transport.sockets import bind
 
         self.directory = directory
+        self.guard = Guard(context, keys, ["member"], "registry")  # (only replicas may push)
         self.socket = context.socket(zmq.PULL)
         self.socket.setsockopt(zmq.LINGER, 0)
+        keys.serve(self.socket, endpoint)
         self.endpoint = bind(self.socket, endpoint)
         self.garbage = 0
+        self.forged = 0  # (a peer without the keys never completes the handshake: see guard.refused)
         self.task: asyncio.Task | None = None
 
     def start(self) -> None:
+        self.guard.watch(self.socket, asyncio.get_running_loop())
         self.task = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -149,11 +209,18 @@ class EmbeddedSource:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
         self.socket.close(0)
+        self.guard.stop()
+
+    def refused(self) -> int:
+        return self.guard.refused
 
 
 class RedisSource:
-    def __init__(self, client, deployment: str, expected: list[tuple[str, int]], directory: Directory):
+    def __init__(self, client, deployment: str, expected: list[tuple[str, int]], directory: Directory, mac_key: bytes):
         self.client = client
+        self.mac_key = mac_key
+        self.forged = 0  # records whose MAC did not verify (ignored)
+        self.forged_keys: set[str] = set()  # keys holding a forged record now (each logged once)
         self.deployment = deployment
         self.expected = expected
         self.directory = directory
@@ -188,14 +255,28 @@ class RedisSource:
             self.reachable = True
         if marker is None:  # Redis lost its data: give everyone one TTL to re-register
             self.directory.refresh()
-        for value in values:
+        for key, value in zip(keys, values, strict=True):
             if value is None:
                 continue
             try:
-                record = _record_decoder.decode(value)
+                record = verified(self.mac_key, self.deployment, key, value)
+            except Forged as error:
+                self.forged += 1
+                if key not in self.forged_keys:
+                    self.forged_keys.add(key)
+                    log.warning("registry: ignored the record under %s: %s (not written by this deployment)", key, error)
+                continue
+            except Exception as error:  # noqa: BLE001 - whatever a foreign value holds, the registry goes on
+                self.forged += 1
+                if key not in self.forged_keys:
+                    self.forged_keys.add(key)
+                    log.warning("registry: ignored the record under %s, which is not a replica's (%s)", key, type(error).__name__)
+                continue
+            self.forged_keys.discard(key)
+            try:
                 self.directory.seen(record.register)
                 self.directory.seen(record.heartbeat)
-            except Exception as error:  # noqa: BLE001 - whatever a foreign value holds, the registry goes on
+            except Exception as error:  # noqa: BLE001 - whatever a record holds, the registry goes on
                 self.garbage += 1
                 log.warning("registry: dropped a Redis record that is not a replica's (%s: %s)", type(error).__name__, error)
         if marker is not None:
@@ -206,13 +287,22 @@ class RedisSource:
             await self.client.delete(self.marker)
         await self.client.aclose()
 
+    def refused(self) -> int:
+        return 0
+
 
 async def open_source(
-    registry: str | None, context: zmq.asyncio.Context, endpoint: str, deployment: str, expected, directory: Directory
+    registry: str | None,
+    context: zmq.asyncio.Context,
+    endpoint: str,
+    deployment: str,
+    expected,
+    directory: Directory,
+    keys: Keys,
 ):
     if registry is None:
-        return EmbeddedSource(context, endpoint, directory)
-    source = RedisSource(await redis_connection(registry), deployment, expected, directory)
+        return EmbeddedSource(context, endpoint, directory, keys)
+    source = RedisSource(await redis_connection(registry), deployment, expected, directory, keys.mac_key)
     await source.start_marker()
     return source
 
@@ -221,10 +311,11 @@ async def open_source(
 
 
 class EmbeddedClient:
-    def __init__(self, context: zmq.asyncio.Context, endpoint: str):
+    def __init__(self, context: zmq.asyncio.Context, endpoint: str, keys: Keys):
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SNDHWM, 16)
+        keys.dial(self.socket, "member", endpoint)
         self.socket.connect(endpoint)
 
     async def beat(self, register: Register, heartbeat: Heartbeat) -> None:
@@ -238,8 +329,9 @@ class EmbeddedClient:
 
 
 class RedisClient:
-    def __init__(self, client, deployment: str, ttl: float):
+    def __init__(self, client, deployment: str, ttl: float, mac_key: bytes):
         self.client = client
+        self.mac_key = mac_key
         self.deployment = deployment
         self.ttl_ms = max(1, int(ttl * 1000))
         self.reachable = True
@@ -249,7 +341,7 @@ class RedisClient:
 
         key = replica_key(self.deployment, register.role, register.replica)
         try:
-            await self.client.set(key, msgspec.msgpack.encode(RedisRecord(register, heartbeat)), px=self.ttl_ms)
+            await self.client.set(key, signed(self.mac_key, key, RedisRecord(register, heartbeat)), px=self.ttl_ms)
         except (exceptions.ConnectionError, exceptions.TimeoutError, OSError) as error:
             if self.reachable:
                 log.warning("registry: Redis is unreachable (%s); serving on, retrying", error)
@@ -263,7 +355,7 @@ class RedisClient:
         await self.client.aclose()
 
 
-async def open_client(registry: str | None, context: zmq.asyncio.Context, endpoint: str, deployment: str, ttl: float):
+async def open_client(registry: str | None, context: zmq.asyncio.Context, endpoint: str, deployment: str, ttl: float, keys: Keys):
     if registry is None:
-        return EmbeddedClient(context, endpoint)
-    return RedisClient(await redis_connection(registry), deployment, ttl)
+        return EmbeddedClient(context, endpoint, keys)
+    return RedisClient(await redis_connection(registry), deployment, ttl, keys.mac_key)

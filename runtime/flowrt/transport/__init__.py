@@ -2,7 +2,8 @@
 
 It owns the wire: `messages` (typed, versioned message structs, decoded and validated at the
 edge), `codec` (frame payloads: pickle protocol 5 with out-of-band buffers, sent as separate
-ZMQ frames so large buffers are not copied into the message) and `sockets` (private ipc
-directories, endpoint helpers). It imports nothing of flowrt but `values`; the control core
-never imports it.
+ZMQ frames so large buffers are not copied into the message), `sockets` (private ipc
+directories, endpoint helpers) and `keys` (a deployment's keys, and the handshake every
+socket between its processes authenticates with). It imports nothing of flowrt but `values`;
+the control core never imports it.
 """

@@ -7,8 +7,9 @@ pickle and not msgpack: frames hold arbitrary Python values (tuples stay tuples,
 survive), which is what the embedded runtime passes by reference; msgspec carries the typed
 envelope. docs/deploy.md, "Wire format", has the measurements behind the choice.
 
-Pickle runs code when it loads: peers must be trusted. ipc sockets live in a 0700 directory
-(flowrt.transport.sockets); tcp endpoints belong on a private network.
+Pickle runs code when it loads: only peers holding the deployment's keys complete a connection
+(flowrt.transport.keys), so nothing from anyone else is ever loaded; ipc sockets also live in a
+0700 directory (flowrt.transport.sockets).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Gateway → replica: `Start` an activation, `Credit` (the gateway took frames of
 `Cancel` one, `Probe` (statistics), `Stop` the process.
 Replica → gateway: `Frame` (one yielded frame), `Return` (the activation's end, with its
 returned frame if any, and its session-globals changes), `Failed` (the role raised or broke
-its contract: the message and the place as the embedded runtime words them), `Cancelled`
+its contract: the message and the place as the embedded runtime words them, and whether it
+was the caller's to fix), `Cancelled`
 (where the role was when cancelled), `Stats` (the answer to `Probe`).
 Replica → registry: `Register` then `Heartbeat` every interval (its load).
 Either way: `Batch`, the messages one event-loop turn sent to one peer, in one ZMQ message.
@@ -78,6 +79,7 @@ class Failed(Message, tag="failed"):
     where: str
     cancelled: bool  # the role was cancelled (a timeout) and this says where it waited
     globals_changed: bool
+    bad_input: bool = False  # the role raised flowrt.BadInput: the caller's to fix (HTTP 400)
 
 
 class Cancelled(Message, tag="cancelled"):
@@ -90,6 +92,7 @@ class Stats(Message, tag="stats"):
     running: int
     tracked: int  # per-activation entries kept (credits, waiters, cancels): 0 once none runs
     kv: dict[str, Any] = msgspec.field(default_factory=dict)  # the process's KV pools (docs/kv.md), if any
+    refused: dict[str, int] = msgspec.field(default_factory=dict)  # peers, cancels, stops it refused (flowrt.transport.keys)
 
 
 # ── replica → registry ──

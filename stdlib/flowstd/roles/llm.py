@@ -44,7 +44,7 @@ from flowrt.compute.engine import (
     SamplingParams,
     kv_stacks,
 )
-from flowrt.errors import FlowrtError
+from flowrt.errors import BadInput, FlowrtError
 from flowrt.params.layout import KVLayout
 from flowstd.tokenizer import Tokenizer
 
@@ -57,6 +57,11 @@ KV_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3")  # what the refere
 
 class LlmError(FlowrtError, ValueError):
     """A request or a `global kv` the llm role cannot serve; the message names the fix."""
+
+
+class LlmRequestError(LlmError, BadInput):
+    """A request the llm role cannot serve (its sampling parameters or token ids): the caller's
+    to fix, so the gateway answers 400 (flowrt.BadInput)."""
 
 
 @dataclass
@@ -210,15 +215,15 @@ def sampling_request(request: Any, default_max_tokens: int = DEFAULT_MAX_TOKENS)
     temperature = _number(request, "temperature", 0.0, 0.0, 2.0)
     top_p = _number(request, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
-        raise LlmError("top_p is 0: no token could be drawn; give a number above 0 and at most 1")
+        raise LlmRequestError("top_p is 0: no token could be drawn; give a number above 0 and at most 1")
     seed = request.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
-        raise LlmError(f"seed must be a whole number from 0 to 2**63 - 1, not {seed!r}")
+        raise LlmRequestError(f"seed must be a whole number from 0 to 2**63 - 1, not {seed!r}")
     budget = request.get("max_completion_tokens", request.get("max_tokens"))
     if budget is None:
         budget = default_max_tokens
     elif not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-        raise LlmError(f"max_completion_tokens / max_tokens must be a whole number >= 1, not {budget!r}")
+        raise LlmRequestError(f"max_completion_tokens / max_tokens must be a whole number >= 1, not {budget!r}")
     return SamplingParams(temperature=temperature, top_p=top_p, seed=seed), budget
 
 
@@ -227,7 +232,7 @@ def _number(request: Mapping, key: str, default: float, low: float, high: float)
     if value is None:
         return default
     if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
-        raise LlmError(f"{key} must be a number from {low:g} to {high:g}, not {value!r}")
+        raise LlmRequestError(f"{key} must be a number from {low:g} to {high:g}, not {value!r}")
     return float(value)
 
 
@@ -236,14 +241,14 @@ def token_ids(value: Any, field: str, vocab_size: int) -> list[int]:
     if hasattr(value, "tolist"):
         value = value.tolist()
     if not isinstance(value, list | tuple) or not value:
-        raise LlmError(f"{field} must be a non-empty list of token ids, not {type(value).__name__}")
+        raise LlmRequestError(f"{field} must be a non-empty list of token ids, not {type(value).__name__}")
     try:
         ids = [operator.index(token) for token in value]
     except TypeError:
-        raise LlmError(f"{field} must hold token ids (whole numbers); one is a {type(value[0]).__name__}") from None
+        raise LlmRequestError(f"{field} must hold token ids (whole numbers); one is a {type(value[0]).__name__}") from None
     bad = next((token for token in ids if not 0 <= token < vocab_size), None)
     if bad is not None:
-        raise LlmError(f"{field} holds {bad}, outside the vocabulary of {vocab_size} tokens")
+        raise LlmRequestError(f"{field} holds {bad}, outside the vocabulary of {vocab_size} tokens")
     return ids
 
 

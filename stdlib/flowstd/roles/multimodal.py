@@ -1,6 +1,8 @@
 """The roles of lib/multimodal.flow: an any-to-any pipeline of real tiny models (docs/stdlib.md).
 
-    Frontend.parse      request -> text_seg, image_seg (one frame per segment, in order)
+    Frontend.parse      request -> text_seg, image_seg (one frame per segment, in order): segments,
+                        or an OpenAI chat body's text and image parts; PNG/JPEG/WebP files are
+                        decoded by flowrt.media (GeneratedImage and ImagePayload go out as PNGs)
     Embed.encode        text_seg -> txt_emb: the segment's token ids and their LLM embeddings
     Vit.encode          image_seg -> vit_emb: the image's VisionEncoder rows, its content hash,
                         and whether this replica's encoder cache held them
@@ -41,7 +43,7 @@ from flowrt.compute.engine import ContinuousBatcher, EngineError, ReferenceConfi
 from flowrt.compute.engine.dit import DitConfig, DitEngine, DitSampler
 from flowrt.compute.engine.planned import PlannedGenerator, place_context
 from flowrt.compute.prefix import Media, PrefixMatcher, Text
-from flowrt.errors import FlowrtError
+from flowrt.errors import BadInput
 from flowstd.roles.llm import check_kv_fits, engines_for
 
 GLOBAL = "kv"  # the KVCache global lib/multimodal.flow imports (lib/kvcache.flow)
@@ -51,7 +53,7 @@ NEW_TOKENS = 4  # tokens the LLM generates per activation
 DIT_STEPS = 4
 
 
-class MultimodalInputError(FlowrtError, ValueError):
+class MultimodalInputError(BadInput):
     """A request the multimodal roles cannot read: the message names the fix."""
 
 
@@ -120,7 +122,7 @@ class PoolEngines:
 
 @dataclass(frozen=True)
 class ImagePayload:
-    """An image as raw RGB bytes: what crosses processes between roles (small, picklable)."""
+    """An image as raw RGB bytes: what crosses processes between roles (picklable)."""
 
     width: int
     height: int
@@ -134,43 +136,97 @@ class ImagePayload:
     def summary(self) -> dict:
         return {"image": {"width": self.width, "height": self.height, "mode": "RGB"}}
 
+    def media(self) -> dict:
+        """The image in full, as a PNG (events with `summarize(value, media=True)`)."""
+        from flowrt import media
 
-def image_payload(segment: Any) -> ImagePayload:
-    """An image segment: {"pixels": nested lists (H, W, 3) of 0..255} or {"width": W, "height": H,
-    "base64": raw RGB bytes, row-major} (no PNG decoder is needed: give decoded pixels)."""
+        return media.carried("png", media.encode_png(self.data, self.width, self.height), width=self.width, height=self.height)
+
+
+def image_payload(segment: Any, where: str = "an image segment") -> ImagePayload:
+    """An image segment: decoded pixels, {"pixels": nested lists (H, W, 3) of 0..255} or {"width": W,
+    "height": H, "base64": raw RGB bytes, row-major}; or a PNG, JPEG or WebP file, {"url": a data
+    URL}, {"base64": the file} (no width and height) or OpenAI's part {"type": "image_url",
+    "image_url": {"url": ...}}. `where` names the segment in errors."""
     if not isinstance(segment, dict):
-        raise MultimodalInputError(f"an image segment is an object with `pixels` or `base64`, not {type(segment).__name__}")
+        raise MultimodalInputError(
+            f"{where}: an image segment is an object with `pixels`, `url` or `base64`, not {type(segment).__name__}"
+        )
+    if segment.get("type") == "image_url":
+        source = segment.get("image_url")
+        return decoded_image(source.get("url") if isinstance(source, dict) else source, where)
     if "pixels" in segment:
         rows = segment["pixels"]
         try:
             height, width = len(rows), len(rows[0])
             flat = bytes(int(channel) for row in rows for pixel in row for channel in pixel)
         except (TypeError, ValueError, IndexError):
-            raise MultimodalInputError("an image's `pixels` are rows of [r, g, b] lists of ints 0..255") from None
+            raise MultimodalInputError(f"{where}: an image's `pixels` are rows of [r, g, b] lists of ints 0..255") from None
         if len(flat) != height * width * 3:
-            raise MultimodalInputError(f"an image's `pixels` must be {height} rows of {width} [r, g, b] pixels")
+            raise MultimodalInputError(f"{where}: an image's `pixels` must be {height} rows of {width} [r, g, b] pixels")
         return ImagePayload(width, height, flat)
-    if "base64" in segment:
+    if "base64" in segment and ("width" in segment or "height" in segment):
         try:
             width, height = int(segment["width"]), int(segment["height"])
             data = base64.b64decode(segment["base64"], validate=True)
         except (KeyError, TypeError, ValueError, binascii.Error):
-            raise MultimodalInputError("a base64 image needs `width`, `height` and `base64` (raw RGB bytes)") from None
+            raise MultimodalInputError(f"{where}: a raw image needs `width`, `height` and `base64` (RGB bytes)") from None
         if len(data) != width * height * 3 or width < 1 or height < 1:
-            raise MultimodalInputError(f"a {width}x{height} RGB image is {width * height * 3} bytes; `base64` holds {len(data)}")
+            raise MultimodalInputError(
+                f"{where}: a {width}x{height} RGB image is {width * height * 3} bytes; `base64` holds {len(data)}"
+            )
         return ImagePayload(width, height, data)
-    raise MultimodalInputError("an image segment needs `pixels` (rows of [r, g, b]) or `width`, `height`, `base64`")
+    if "url" in segment or "base64" in segment:
+        return decoded_image(segment.get("url", segment.get("base64")), where)
+    raise MultimodalInputError(
+        f"{where}: an image segment needs `url` (a data URL), `base64` (a PNG, JPEG or WebP file), "
+        "`pixels` (rows of [r, g, b]) or `width`, `height`, `base64` (raw RGB)"
+    )
 
 
-def _segments(request: Any) -> list[dict]:
-    segments = request.get("segments") if isinstance(request, dict) else None
-    if not isinstance(segments, list) or not segments:
-        told = (
-            " (this is an OpenAI chat body: the multimodal module takes segments, not `messages`)"
-            if (isinstance(request, dict) and "messages" in request)
-            else ""
-        )
-        raise MultimodalInputError('the request is {"segments": [{"type": "text", "text": ...}, {"type": "image", ...}]}' + told)
+def decoded_image(source: Any, where: str) -> ImagePayload:
+    """A PNG, JPEG or WebP file given as a data URL or base64 (flowrt.media: its formats and limits)."""
+    from flowrt import media
+
+    try:
+        image = media.decode_image(media.media_bytes(source, part=where, kind="image"), part=where)
+    except media.MediaError as error:
+        raise MultimodalInputError(str(error)) from None
+    return ImagePayload(image.width, image.height, image.rgb)
+
+
+def _segments(request: Any) -> list[tuple[str, Any]]:
+    """The request's segments, each with the name errors give it: {"segments": [...]}, or an OpenAI
+    chat body (or its list of messages), whose text and image parts become segments in order."""
+    if isinstance(request, dict) and "segments" in request:
+        segments = request["segments"]
+        if isinstance(segments, list) and segments:
+            return [(f"segment {index}", segment) for index, segment in enumerate(segments)]
+    elif isinstance(request, list) or (isinstance(request, dict) and "messages" in request):
+        return _chat_segments(request)
+    raise MultimodalInputError(
+        'the request is {"segments": [{"type": "text", "text": ...}, {"type": "image", ...}]} '
+        'or an OpenAI chat body, {"messages": [...]}'
+    )
+
+
+def _chat_segments(body: Any) -> list[tuple[str, Any]]:
+    from flowstd.tokenizer.chat import ChatTemplateError, chat_parts
+
+    try:
+        parts = chat_parts(body)
+    except ChatTemplateError as error:
+        raise MultimodalInputError(str(error)) from None
+    segments: list[tuple[str, Any]] = []
+    for part in parts:
+        if part.kind == "audio":
+            raise MultimodalInputError(
+                f"{part.where}: an audio part; the multimodal module reads text and images (the voice module reads audio)"
+            )
+        segment = {"type": "text", "text": part.value} if part.kind == "text" else {"type": "image_url", "image_url": part.value}
+        segments.append((part.where, segment))
+    if not segments:
+        raise MultimodalInputError("the messages hold no text or image to read")
     return segments
 
 
@@ -179,14 +235,18 @@ def _segments(request: Any) -> list[dict]:
 
 class Frontend:
     async def parse(self, ctx, request):
-        for index, segment in enumerate(_segments(request)):
+        frames = []  # every segment is read before the first goes out: a bad one fails the call whole
+        for index, (where, segment) in enumerate(_segments(request)):
             kind = segment.get("type") if isinstance(segment, dict) else None
             if kind == "text" and isinstance(segment.get("text"), str):
-                yield {"text_seg": {"text": segment["text"], "index": index}}
-            elif kind == "image":
-                yield {"image_seg": image_payload(segment)}
+                frames.append({"text_seg": {"text": segment["text"], "index": index}})
+            elif kind in ("image", "image_url"):
+                # decoding off the event loop: a large PNG takes a while (Pillow releases the GIL)
+                frames.append({"image_seg": await asyncio.to_thread(image_payload, segment, where)})
             else:
-                raise MultimodalInputError(f"segment {index}: give type `text` with a `text` string, or type `image`")
+                raise MultimodalInputError(f"{where}: give type `text` with a `text` string, or type `image`")
+        for frame in frames:
+            yield frame
 
 
 class Embed:
@@ -230,9 +290,17 @@ class Vae:
 
 @dataclass
 class GeneratedImage:
-    """A decoded image (uint8 (H, W, 3)); events show its size and mean brightness."""
+    """A decoded image (uint8 (H, W, 3)); events show its size and mean brightness, or with
+    `media()` the whole image as a PNG."""
 
     pixels: Any
+
+    def media(self) -> dict:
+        from flowrt import media
+
+        height, width, _ = self.pixels.shape
+        rgb = self.pixels.detach().to("cpu").contiguous().numpy().tobytes()
+        return media.carried("png", media.encode_png(rgb, int(width), int(height)), width=int(width), height=int(height))
 
     def summary(self) -> dict:
         height, width, _ = self.pixels.shape

@@ -1,7 +1,9 @@
 """The roles of lib/voice.flow: omni voice chat on real tiny models (docs/stdlib.md, "The `voice` module").
 
     Frontend.parse           voice_request -> stream voice_audio (one per clip, as it is read),
-                             then voice_prompt (the turn's layout: text ids and clip numbers)
+                             then voice_prompt (the turn's layout: text ids and clip numbers);
+                             segments, or an OpenAI chat body (the whole conversation, step 0);
+                             WAV/FLAC/OGG files decoded and resampled by flowrt.media
     AudioEncoderRole.encode  voice_audio -> audio_emb: the clip's AudioEncoder rows, cached by
                              the clip's content hash, and what the cache did (hit, join, miss)
     Thinker.generate         join {voice_prompt: 1, audio_emb: all} -> stream reply (text pieces),
@@ -31,10 +33,7 @@ speech noise, but every step of serving is real and deterministic.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
-import wave
+import asyncio
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -45,13 +44,12 @@ from flowrt.compute.encoder_cache import EncoderCache
 from flowrt.compute.engine import ContinuousBatcher, ReferenceConfig, ReferenceEngine
 from flowrt.compute.engine.planned import PlannedGenerator
 from flowrt.compute.prefix import Media, PrefixMatcher, Text
-from flowrt.errors import FlowrtError
+from flowrt.errors import BadInput
 from flowstd.roles.llm import check_kv_fits, engines_for, stream_generation, token_ids
 
 GLOBAL = "kv"  # the KVCache global lib/voice.flow imports (lib/kvcache.flow)
 PAGE_TOKENS = 16
-SAMPLE_RATE = 16000  # audio in and out; there is no resampling
-MAX_CLIP_SECONDS = 30
+SAMPLE_RATE = 16000  # audio out, and in: other rates are resampled (flowrt.media.resample)
 MIN_SAMPLES = 201  # the audio encoder's shortest clip (AudioEncoderConfig.min_samples: n_fft // 2 + 1)
 DEFAULT_MAX_TOKENS = 24  # the reply's budget when the request sets no max_tokens
 MAX_TOKENS = 512
@@ -61,7 +59,7 @@ MAX_STREAMS = 256  # talker streams a replica holds (a call cancelled mid-reply 
 NAMESPACE = "flowstd.voice"  # roots the thinker's page chains: no other model shares its pages
 
 
-class VoiceInputError(FlowrtError, ValueError):
+class VoiceInputError(BadInput):
     """A request the voice roles cannot read: the message names the fix."""
 
 
@@ -166,6 +164,10 @@ class AudioClip:
     def summary(self) -> dict:
         return {"audio": {"clip": self.index, "samples": self.samples, "sample_rate": SAMPLE_RATE}}
 
+    def media(self) -> dict:
+        """The clip in full, as a PCM16 WAV (events with `summarize(value, media=True)`)."""
+        return _wav(self.pcm16, clip=self.index)
+
 
 @dataclass(frozen=True)
 class SpeechChunk:
@@ -194,6 +196,16 @@ class SpeechChunk:
             }
         }
 
+    def media(self) -> dict:
+        """The chunk in full, as a PCM16 WAV of exactly its samples (events with `summarize(value, media=True)`)."""
+        return _wav(self.pcm16, chunk=self.index, offset=self.offset)
+
+
+def _wav(pcm: bytes, **fields: int) -> dict:
+    from flowrt import media
+
+    return media.carried("wav", media.encode_wav(pcm, SAMPLE_RATE), sample_rate=SAMPLE_RATE, samples=len(pcm) // 2, **fields)
+
 
 def to_pcm16(samples: Any) -> bytes:
     """float samples in [-1, 1] as little-endian int16 bytes."""
@@ -203,63 +215,84 @@ def to_pcm16(samples: Any) -> bytes:
     return ints.numpy().astype("<i2").tobytes()
 
 
-def audio_clip(segment: dict, index: int) -> AudioClip:
-    """An audio segment: {"format": "wav", "data": base64 of a mono 16-bit WAV file}, {"format":
-    "pcm16", "data": base64 of little-endian int16 samples}, or {"samples": [floats in -1..1]};
-    `sample_rate`, where given, must be 16000. OpenAI's part {"type": "input_audio",
-    "input_audio": {"data": ..., "format": "wav"}} is read the same way."""
+def audio_clip(segment: dict, index: int, where: str | None = None) -> AudioClip:
+    """Clip number `index` of a request: {"format": "wav" (or "flac", "ogg"), "data": base64 of the
+    file or a data URL}, {"format": "pcm16", "data": base64 of little-endian int16 samples}, or
+    {"samples": [floats in -1..1]}; `sample_rate` (pcm16 and samples: default 16000) and files at
+    other rates are resampled to 16 kHz, files of several channels mixed to one (flowrt.media).
+    OpenAI's part {"type": "input_audio", "input_audio": {"data": ..., "format": "wav"}} is read
+    the same way. `where` names the segment in errors (default `segment INDEX`)."""
+    from flowrt import media
+
+    where = f"segment {index}" if where is None else where
     if segment.get("type") == "input_audio" and isinstance(segment.get("input_audio"), dict):
         segment = {**segment["input_audio"], "type": "audio"}
     rate = segment.get("sample_rate", SAMPLE_RATE)
-    if "samples" in segment:
-        import torch
-
-        try:
-            samples = torch.tensor(segment["samples"], dtype=torch.float32)
-        except (TypeError, ValueError):
-            raise VoiceInputError(f"segment {index}: `samples` is a list of numbers in -1..1") from None
-        if samples.dim() != 1:
-            raise VoiceInputError(f"segment {index}: `samples` is one flat list (mono)")
-        pcm = to_pcm16(samples)
-    elif "data" in segment:
-        try:
-            data = base64.b64decode(segment["data"], validate=True)
-        except (TypeError, ValueError, binascii.Error):
-            raise VoiceInputError(f"segment {index}: `data` is base64 text") from None
-        kind = segment.get("format", "wav")
-        if kind == "wav":
-            pcm, rate = _wav_pcm16(data, index)
-        elif kind == "pcm16":
-            if len(data) % 2:
-                raise VoiceInputError(f"segment {index}: pcm16 `data` holds {len(data)} bytes; int16 samples are 2 bytes each")
-            pcm = data
+    if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
+        raise VoiceInputError(f"{where}: `sample_rate` is a whole number of Hz, not {rate!r}")
+    try:
+        if "samples" in segment:
+            pcm = _listed_samples(segment["samples"], rate, where)
+        elif "data" in segment:
+            kind = segment.get("format", "wav")
+            data = media.media_bytes(segment["data"], part=where, kind="audio")
+            if kind == "pcm16":
+                if len(data) % 2:
+                    raise VoiceInputError(f"{where}: pcm16 `data` holds {len(data)} bytes; int16 samples are 2 bytes each")
+                _check_length(len(data) // 2, rate, where)
+                pcm = data if rate == SAMPLE_RATE else media.pcm16(media.resample(_floats(data), rate, SAMPLE_RATE))
+            elif kind in AUDIO_FORMATS:
+                pcm = media.pcm16(media.decode_audio(data, sample_rate=SAMPLE_RATE, part=where).samples)
+            else:
+                raise VoiceInputError(f"{where}: audio `format` is {', '.join(AUDIO_FORMATS)} or pcm16, not {kind!r}")
         else:
-            raise VoiceInputError(f"segment {index}: audio `format` is wav or pcm16, not {kind!r}")
-    else:
-        raise VoiceInputError(f'segment {index}: an audio segment needs `data` (base64, "format": "wav" or "pcm16") or `samples`')
-    if rate != SAMPLE_RATE:
-        raise VoiceInputError(
-            f"segment {index}: audio at {rate} Hz; the audio encoder takes {SAMPLE_RATE} Hz (resample it first)"
-        )
-    samples = len(pcm) // 2
-    if not MIN_SAMPLES <= samples <= MAX_CLIP_SECONDS * SAMPLE_RATE:
-        raise VoiceInputError(
-            f"segment {index}: a clip of {samples} samples; give {MIN_SAMPLES} to {MAX_CLIP_SECONDS * SAMPLE_RATE} "
-            f"({MAX_CLIP_SECONDS} s at {SAMPLE_RATE} Hz)"
-        )
+            raise VoiceInputError(
+                f'{where}: an audio segment needs `data` (base64, "format": "wav", "flac", "ogg" or "pcm16") or `samples`'
+            )
+    except media.MediaError as error:
+        raise VoiceInputError(str(error)) from None
+    _check_length(len(pcm) // 2, SAMPLE_RATE, where, shortest=MIN_SAMPLES)
     return AudioClip(index, pcm)
 
 
-def _wav_pcm16(data: bytes, index: int) -> tuple[bytes, int]:
+def _check_length(samples: int, rate: int, where: str, shortest: int = 0) -> None:
+    """A clip of `samples` at `rate` Hz is within the duration limit (raw audio: before it is
+    resampled) and, at 16 kHz, long enough for the audio encoder."""
+    from flowrt import media
+
+    limits = media.media_limits()
+    most = int(limits.max_audio_seconds * rate)
+    if not shortest <= samples <= most:
+        raise VoiceInputError(
+            f"{where}: a clip of {samples} samples at {rate} Hz; give {shortest or 1} to {most} "
+            f"({limits.max_audio_seconds:g} s: {limits.name('max_audio_seconds')})"
+        )
+
+
+AUDIO_FORMATS = ("wav", "flac", "ogg")  # the files a segment's `format` may name (flowrt.media reads them)
+
+
+def _floats(pcm: bytes) -> Any:
+    import numpy
+
+    return numpy.frombuffer(pcm, dtype="<i2").astype(numpy.float32) / 32768.0
+
+
+def _listed_samples(values: Any, rate: int, where: str) -> bytes:
+    import torch
+
+    from flowrt import media
+
     try:
-        with wave.open(io.BytesIO(data)) as wav:
-            channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
-            frames = wav.readframes(wav.getnframes())
-    except (wave.Error, EOFError):
-        raise VoiceInputError(f"segment {index}: `data` is not a WAV file (RIFF, PCM)") from None
-    if channels != 1 or width != 2:
-        raise VoiceInputError(f"segment {index}: a WAV of {channels} channel(s) of {8 * width}-bit samples; give mono 16-bit PCM")
-    return frames, rate
+        samples = torch.tensor(values, dtype=torch.float32)
+    except (TypeError, ValueError):
+        raise VoiceInputError(f"{where}: `samples` is a list of numbers in -1..1") from None
+    if samples.dim() != 1:
+        raise VoiceInputError(f"{where}: `samples` is one flat list (mono)")
+    _check_length(len(samples), rate, where)
+    if rate != SAMPLE_RATE:
+        samples = torch.from_numpy(media.resample(samples.numpy(), rate, SAMPLE_RATE))
+    return to_pcm16(samples)
 
 
 # ── the roles ──
@@ -272,31 +305,21 @@ class Frontend:
     async def parse(self, ctx, voice_request):
         """Each audio clip as it is read (so encoding starts), then the turn's layout: `parts`,
         each {"text": ids} or {"audio": clip}, with the step and the budget."""
-        request = voice_request if isinstance(voice_request, dict) else {}
-        segments = request.get("segments")
-        if not isinstance(segments, list) or not segments:
-            told = " (this is an OpenAI chat body: the voice module takes segments)" if "messages" in request else ""
-            raise VoiceInputError(
-                'the request is {"segments": [{"type": "audio", "format": "wav", "data": base64}, '
-                '{"type": "text", "text": ...}], "max_tokens": N, "step": S}' + told
-            )
-        budget = request.get("max_tokens", DEFAULT_MAX_TOKENS)
-        if not isinstance(budget, int) or isinstance(budget, bool) or not 1 <= budget <= MAX_TOKENS:
-            raise VoiceInputError(f"max_tokens is a whole number from 1 to {MAX_TOKENS}, not {budget!r}")
-        step = request.get("step")
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
-            raise VoiceInputError(f"step is the position the client holds (a whole number), not {step!r}")
+        segments, budget, step = voice_segments(voice_request)
         special = self.tokenizer.special_ids
         user, close = [special["<|user|>"]], [special["<|eos|>"], special["<|assistant|>"]]
         parts: list[dict] = []
         clips = 0
         in_user = False
-        for index, segment in enumerate(segments):
+        for where, segment in segments:
             kind = segment.get("type") if isinstance(segment, dict) else None
             if kind == "reply":
                 if not in_user:
-                    raise VoiceInputError(f"segment {index}: a reply answers a user turn; give the user's segments before it")
-                ids = token_ids(segment.get("tokens"), f"segment {index}'s tokens", self.tokenizer.vocab_size)
+                    raise VoiceInputError(f"{where}: a reply answers a user turn; give the user's segments before it")
+                if "tokens" not in segment and isinstance(segment.get("text"), str):
+                    ids = self.tokenizer.encode(segment["text"])
+                else:
+                    ids = token_ids(segment.get("tokens"), f"{where}'s tokens", self.tokenizer.vocab_size)
                 _text(parts, close + ids)
                 in_user = False
                 continue
@@ -304,17 +327,82 @@ class Frontend:
                 _text(parts, user)
                 in_user = True
             if kind in ("audio", "input_audio"):
-                yield {"voice_audio": audio_clip(segment, clips)}
+                yield {"voice_audio": await asyncio.to_thread(audio_clip, segment, clips, where)}  # decoding off the loop
                 parts.append({"audio": clips})
                 clips += 1
             elif kind == "text" and isinstance(segment.get("text"), str):
                 _text(parts, self.tokenizer.encode(segment["text"]))
             else:
-                raise VoiceInputError(f"segment {index}: give type `audio`, `text` (with a `text` string) or `reply`")
+                raise VoiceInputError(f"{where}: give type `audio`, `text` (with a `text` string) or `reply`")
         if not in_user:
             raise VoiceInputError("the request ends with a reply: end it with the user's turn (audio or text)")
         _text(parts, close)
         yield {"voice_prompt": {"parts": parts, "clips": clips, "step": step, "max_tokens": budget}}
+
+
+def voice_segments(request: Any) -> tuple[list[tuple[str, Any]], int, int | None]:
+    """The request's segments, each with the name errors give it, its budget and its step: from
+    {"segments": [...], "max_tokens": N, "step": S}, or from an OpenAI chat body (or its list of
+    messages): the whole conversation (step 0), each user message's text and audio parts as
+    segments, each assistant message's text as a `reply` (tokenized), system and developer
+    messages' text as text of the user turn they begin; `max_completion_tokens` (else
+    `max_tokens`) is the budget."""
+    if isinstance(request, dict) and isinstance(request.get("segments"), list) and request["segments"]:
+        segments = [(f"segment {index}", segment) for index, segment in enumerate(request["segments"])]
+        key, step = "max_tokens", request.get("step")
+    elif isinstance(request, list) or (isinstance(request, dict) and "messages" in request):
+        segments, step = _chat_segments(request), 0
+        key = "max_completion_tokens" if isinstance(request, dict) and "max_completion_tokens" in request else "max_tokens"
+    else:
+        raise VoiceInputError(
+            'the request is {"segments": [{"type": "audio", "format": "wav", "data": base64}, '
+            '{"type": "text", "text": ...}], "max_tokens": N, "step": S}, or an OpenAI chat body, {"messages": [...]}'
+        )
+    budget = request.get(key, DEFAULT_MAX_TOKENS) if isinstance(request, dict) else DEFAULT_MAX_TOKENS
+    if not isinstance(budget, int) or isinstance(budget, bool) or not 1 <= budget <= MAX_TOKENS:
+        raise VoiceInputError(f"{key} is a whole number from 1 to {MAX_TOKENS}, not {budget!r}")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise VoiceInputError(f"step is the position the client holds (a whole number), not {step!r}")
+    return segments, budget, step
+
+
+def _chat_segments(body: Any) -> list[tuple[str, Any]]:
+    from flowstd.tokenizer.chat import ChatTemplateError, chat_messages, chat_parts
+
+    try:
+        messages, parts = chat_messages(body), chat_parts(body)
+    except ChatTemplateError as error:
+        raise VoiceInputError(str(error)) from None
+    by_message: dict[int, list] = {}
+    for part in parts:
+        by_message.setdefault(part.message, []).append(part)
+    segments: list[tuple[str, Any]] = []
+    for index, message in enumerate(messages):
+        mine = by_message.get(index, [])
+        if message["role"] == "assistant":  # its text, joined, is the reply
+            if any(part.kind != "text" for part in mine):
+                where = next(part.where for part in mine if part.kind != "text")
+                raise VoiceInputError(f"{where}: media in an assistant message; give the reply's transcript as text")
+            text = "".join(part.value for part in mine)
+            if not text:
+                raise VoiceInputError(
+                    f"messages[{index}]: an assistant message without text (its audio by id is not kept here); "
+                    "give the reply's transcript as its content"
+                )
+            segments.append((f"messages[{index}]", {"type": "reply", "text": text}))
+            continue
+        for part in mine:
+            if part.kind == "image":
+                raise VoiceInputError(
+                    f"{part.where}: an image part; the voice module reads text and audio (the multimodal module reads images)"
+                )
+            segment = (
+                {"type": "input_audio", "input_audio": part.value}
+                if part.kind == "audio"
+                else {"type": "text", "text": part.value}
+            )
+            segments.append((part.where, segment))
+    return segments
 
 
 def _text(parts: list[dict], ids: list[int]) -> None:

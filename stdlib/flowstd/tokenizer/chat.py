@@ -14,6 +14,7 @@ however many rows the encoder gives).
 
 `messages` may also be an OpenAI request body (`{"messages": [...], ...}`, what the OpenAI
 endpoint hands a graph whose entry is `Json`) or a bare string (one user message).
+`chat_parts` gives the same messages as checked parts, for readers of their media.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 ROLE_TOKENS = {"system": "<|system|>", "developer": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 TEXT_PARTS = {"text": "text", "refusal": "refusal"}  # part type -> the key holding its text
 MEDIA_PARTS = {"image_url": ("image", "<|image|>"), "input_audio": ("audio", "<|audio|>")}  # part type -> (kind, token)
+MEDIA_TOKENS = dict(MEDIA_PARTS.values())  # kind -> token
 
 
 class ChatTemplateError(TokenizerError):
@@ -75,24 +77,44 @@ def chat_messages(value: Any) -> list[dict[str, Any]]:
     return value
 
 
+@dataclass(frozen=True)
+class ChatPart:
+    """One piece of a message's content, in order: `kind` "text" (`value` the text: a string
+    content, a text or refusal part) or "image"/"audio" (`value` the part's `image_url` or
+    `input_audio` payload as given); `where` names it in the messages."""
+
+    message: int
+    part: int | None  # None: the message's content was a string
+    role: str
+    kind: str
+    value: Any
+
+    @property
+    def where(self) -> str:
+        return f"messages[{self.message}]" + (".content" if self.part is None else f".content[{self.part}]")
+
+
+def chat_parts(messages: Any) -> list[ChatPart]:
+    """Every message's content as parts, checked as the chat template checks them (the frontends
+    of flowstd's multimodal and voice modules read OpenAI bodies with it)."""
+    parts: list[ChatPart] = []
+    for index, message in enumerate(chat_messages(messages)):
+        parts.extend(_message_parts(message, index, _role(message, f"messages[{index}]")))
+    return parts
+
+
 def apply_chat_template(tokenizer: Tokenizer, messages: Any, *, add_generation_prompt: bool = True) -> ChatPrompt:
     ids = [tokenizer.bos_id]
     media: list[MediaPlaceholder] = []
     for index, message in enumerate(chat_messages(messages)):
-        where = f"messages[{index}]"
-        role = _role(message, where)
+        role = _role(message, f"messages[{index}]")
         ids.append(tokenizer.special_ids[ROLE_TOKENS[role]])
-        content = message.get("content")
-        if content is None and role == "assistant":
-            content = ""  # an assistant turn that only called tools
-        if isinstance(content, str):
-            check_text(content, f"{where}.content", ChatTemplateError)
-            ids.extend(tokenizer.encode(content))
-        elif isinstance(content, list):
-            for part_index, part in enumerate(content):
-                _append_part(tokenizer, part, index, part_index, ids, media)
-        else:
-            raise ChatTemplateError(f"{where}.content must be a string or a list of parts, not {_kind(content)}")
+        for part in _message_parts(message, index, role):
+            if part.kind == "text":
+                ids.extend(tokenizer.encode(part.value))
+            else:
+                media.append(MediaPlaceholder(part.kind, len(ids), index, part.part, part.value))
+                ids.append(tokenizer.special_ids[MEDIA_TOKENS[part.kind]])
         ids.append(tokenizer.eos_id)
     if add_generation_prompt:
         ids.append(tokenizer.assistant_id)
@@ -109,7 +131,20 @@ def _role(message: Any, where: str) -> str:
     return role
 
 
-def _append_part(tokenizer: Tokenizer, part: Any, index: int, part_index: int, ids: list[int], media: list) -> None:
+def _message_parts(message: dict, index: int, role: str) -> list[ChatPart]:
+    where = f"messages[{index}]"
+    content = message.get("content")
+    if content is None and role == "assistant":
+        return []  # an assistant turn that only called tools
+    if isinstance(content, str):
+        check_text(content, f"{where}.content", ChatTemplateError)
+        return [ChatPart(index, None, role, "text", content)]
+    if not isinstance(content, list):
+        raise ChatTemplateError(f"{where}.content must be a string or a list of parts, not {_kind(content)}")
+    return [_part(part, index, part_index, role) for part_index, part in enumerate(content)]
+
+
+def _part(part: Any, index: int, part_index: int, role: str) -> ChatPart:
     where = f"messages[{index}].content[{part_index}]"
     if not isinstance(part, dict):
         raise ChatTemplateError(f"{where} must be a part object with a `type`, not {_kind(part)}")
@@ -117,16 +152,13 @@ def _append_part(tokenizer: Tokenizer, part: Any, index: int, part_index: int, i
     if kind in TEXT_PARTS:
         key = TEXT_PARTS[kind]
         check_text(part.get(key), f"{where}.{key}", ChatTemplateError)
-        ids.extend(tokenizer.encode(part[key]))
-    elif kind in MEDIA_PARTS:
-        media_kind, token = MEDIA_PARTS[kind]
+        return ChatPart(index, part_index, role, "text", part[key])
+    if kind in MEDIA_PARTS:
         if part.get(kind) is None:
             raise ChatTemplateError(f"{where} has type `{kind}` but no `{kind}` payload")
-        media.append(MediaPlaceholder(media_kind, len(ids), index, part_index, part[kind]))
-        ids.append(tokenizer.special_ids[token])
-    else:
-        known = ", ".join([*TEXT_PARTS, *MEDIA_PARTS])
-        raise ChatTemplateError(f"{where}.type is {kind!r}; the chat template takes {known}")
+        return ChatPart(index, part_index, role, MEDIA_PARTS[kind][0], part[kind])
+    known = ", ".join([*TEXT_PARTS, *MEDIA_PARTS])
+    raise ChatTemplateError(f"{where}.type is {kind!r}; the chat template takes {known}")
 
 
 def _kind(value: Any) -> str:

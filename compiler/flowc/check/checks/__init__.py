@@ -1,5 +1,5 @@
 """The registered checks; importing this package registers them all, in a fixed order."""
 
-from flowc.check.checks import declarations, fields, graph_analysis, graphs, interfaces, resources, types
+from flowc.check.checks import allows, declarations, fields, graph_analysis, graphs, interfaces, resources, types
 
-__all__ = ["declarations", "fields", "graph_analysis", "graphs", "interfaces", "resources", "types"]
+__all__ = ["allows", "declarations", "fields", "graph_analysis", "graphs", "interfaces", "resources", "types"]

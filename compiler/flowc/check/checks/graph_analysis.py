@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from flowc.check.checks.allows import role_allows
 from flowc.check.model import Program
 from flowc.check.registry import Check, register
 from flowc.diagnostics import Diagnostic, Note
@@ -204,7 +205,9 @@ class Contribution(Check):
             idle = [  # interfaces reached here but not needed, by name (`role.interface`)
                 node_id
                 for node_id in sorted(ir.live - ir.contributing - exitless)
-                if ir.nodes[node_id].kind == "interface" and ir.nodes[node_id].role is not None
+                if ir.nodes[node_id].kind == "interface"
+                and ir.nodes[node_id].role is not None
+                and not role_allows(program, ir.nodes[node_id].role, "W210")  # a role may say it can be left out
             ]
             if not idle:
                 continue
@@ -220,7 +223,8 @@ class Contribution(Check):
                 ir.info.decl.name.span,
                 f"to run {'them' if several else 'it'} in `{name}`, stream or return a field {'they produce' if several else 'it produces'} "
                 f"({shown}); if {'they belong' if several else 'it belongs'} only to another graph, enter `{name}` through a "
-                f"placeholder {'they do' if several else 'it does'} not read",
+                f"placeholder {'they do' if several else 'it does'} not read; if leaving {'them' if several else 'it'} out is intended, add "
+                f"`allow W210` to `{name}`",
                 tuple(
                     Note(ir.nodes[n].span, f"`{n}` is reached from `{name}`'s entry but feeds none of its outputs") for n in idle
                 ),
