@@ -161,6 +161,16 @@ def test_plain_generators_stream_and_a_replicas_methods_run_one_at_a_time(tmp_pa
     asyncio.run(main())
 
 
+async def let_go(runtime, finished: threading.Event) -> None:
+    """Wait (with deadlines) until a role's thread has set `finished`, then until the runtime
+    has let its job go (it does as the thread returns)."""
+    await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, finished.wait, 10), 15)
+    for _ in range(1000):
+        if runtime.statistics()["thread_jobs"] == 0:
+            return
+        await asyncio.sleep(0.01)
+
+
 class Slow:
     def __init__(self):
         self.release = threading.Event()
@@ -185,11 +195,7 @@ def test_a_timeout_ends_a_plain_method_at_once_and_names_the_line_its_thread_was
         assert not slow.finished.is_set()  # the call ended while the thread still waits ...
         assert runtime.statistics()["thread_jobs"] == 1  # ... and statistics() says so
         slow.release.set()
-        await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, slow.finished.wait, 10), 15)
-        for _ in range(1000):  # the job is let go as its thread returns
-            if runtime.statistics()["thread_jobs"] == 0:
-                break
-            await asyncio.sleep(0.01)
+        await let_go(runtime, slow.finished)
         assert_clean(runtime)
         await runtime.close()
 
@@ -236,11 +242,7 @@ def test_a_cancelled_call_closes_a_plain_generator_on_its_thread(tmp_path):
             if event["event"] == "stream":
                 break
         await stream.aclose()
-        await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, count.closed.wait, 10), 15)
-        for _ in range(1000):
-            if runtime.statistics()["thread_jobs"] == 0:
-                break
-            await asyncio.sleep(0.01)
+        await let_go(runtime, count.closed)
         assert_clean(runtime)
         await runtime.close()
 
