@@ -50,6 +50,7 @@ class Admission:
         self.sessions: dict[str, int] = {}
         self.draining = False
         self.refused = 0  # calls answered 429 (or 503 while draining)
+        self.idle_waiters: list[asyncio.Future] = []  # `wait_idle`: woken when no call holds a place
 
     def drain(self) -> None:
         """Take no new call, and refuse those still waiting for a place; those in flight go on."""
@@ -117,6 +118,19 @@ class Admission:
                 self.running += 1
                 turn.set_result(None)
                 return
+        if self.running == 0:
+            waiters, self.idle_waiters = self.idle_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def wait_idle(self) -> None:
+        """Return once no call holds or waits for a place: its handler has finished answering
+        (which can be a moment after the runtime's call ended)."""
+        while self.running or self.waiting:
+            waiter = asyncio.get_running_loop().create_future()
+            self.idle_waiters.append(waiter)
+            await waiter
 
     def statistics(self) -> dict[str, Any]:
         return {"admitted_running": self.running, "admission_waiting": len(self.waiting), "refused_calls": self.refused}

@@ -191,7 +191,7 @@ async def stats(request: web.Request) -> web.Response:
         except ValueError as error:
             return _error(400, f"`idle`: {error}", "e.g. /stats?idle=5 waits at most 5 s for no call in flight")
         with contextlib.suppress(TimeoutError):  # report what is still in flight
-            await asyncio.wait_for(runtime.wait_idle(), idle)
+            await asyncio.wait_for(_idle(runtime, request.app[ADMISSION]), idle)
     deployment = request.app.get(DEPLOYMENT)
     answer = await deployment.statistics() if deployment is not None else runtime.statistics()
     door = {
@@ -201,6 +201,12 @@ async def stats(request: web.Request) -> web.Response:
     }
     answer = {**answer, **door, "in_flight": request.app[IN_FLIGHT].listing()}
     return web.json_response(answer if request.get(ADMIN) else public_stats(answer))
+
+
+async def _idle(runtime: Runtime, admission: Any) -> None:
+    """No call in the runtime, and no handler still holding a place (answering a call that ended)."""
+    await runtime.wait_idle()
+    await admission.wait_idle()
 
 
 async def metrics(request: web.Request) -> web.Response:
