@@ -164,9 +164,8 @@ class KVCacheSize(Check):
             read = schema.interpret(decl.entries, schema.GLOBAL_KINDS["KVCache"])
             values, settings = read.values, read.settings
             tiers = values.get("tiers")
-            if isinstance(tiers, tuple) and (
-                tiers[:1] != ("device",) or list(tiers) != sorted(set(tiers), key=schema.TIERS.index)
-            ):
+            known = isinstance(tiers, tuple) and all(tier in schema.TIERS for tier in tiers)  # (others: the schema's error)
+            if known and (tiers[:1] != ("device",) or list(tiers) != sorted(set(tiers), key=schema.TIERS.index)):
                 yield Diagnostic(
                     "E128",
                     f"global `{decl.name.text}`: tiers {list(tiers)} are not distinct tiers, fastest first, starting with `device`",
