@@ -30,7 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from flowrt.errors import frame_place, shown
+from flowrt.control.impls import definition
+from flowrt.errors import frame_place
 
 # a wrapper (the coroutine or async generator `bind`'s callable returned) -> its Job, for
 # flowrt.control.contract.code_place: the place of a broken frame is in the role's generator
@@ -91,8 +92,7 @@ class Job:
         generator = self.generator
         if generator is not None and generator.gi_frame is not None:
             return frame_place(generator.gi_frame, self.prefer)
-        code = getattr(getattr(self.method, "__func__", self.method), "__code__", None)
-        return f"{shown(code.co_filename)}:{code.co_firstlineno}" if code is not None else ""
+        return definition(self.method)
 
 
 class ReplicaThread:
