@@ -5,10 +5,12 @@
     GET  /graphs                  every graph: its entry placeholders and their types, streamed and returned fields
     POST /graphs/{graph}          body: a JSON object of entry values (as `--input`);
                                   session: header `X-Flow-Session` or `?session=`; `?timeout=SECONDS`
-                                  → 200 `application/x-ndjson`, one event per line, exactly the
-                                  lines `flowc run --once` prints, ending with the `done` event;
+                                  → 200 `application/x-ndjson`, one event per line, the lines
+                                  `flowc run --once` prints, ending with the `done` event;
                                   `?trace=1`: the `done` event carries the call's Chrome trace
-                                  under `trace` (flowrt.observe.trace; docs/observe.md)
+                                  under `trace` (flowrt.observe.trace; docs/observe.md); images
+                                  and audio (values with `media()`) go in full, as base64 with
+                                  their `format` (png, wav); `?summary=1`: as summaries instead
     GET  /stats[?idle=SECONDS]    the runtime's statistics(); with `idle`, first waits (at most
                                   SECONDS) until no call is running or queued; under `local`
                                   and `ray`, also replicas up, restarts and each replica
@@ -106,9 +108,10 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def event_lines(events: list[dict[str, Any]]) -> bytes:
-    """Events as `flowc run --once` prints them: one JSON object per line, values summarised."""
-    return ("\n".join([event_json(event) for event in events]) + "\n").encode()
+def event_lines(events: list[dict[str, Any]], *, media: bool = False) -> bytes:
+    """Events as `flowc run --once` prints them: one JSON object per line, values summarised;
+    with `media`, images and audio in full (flowrt.values)."""
+    return ("\n".join([event_json(event, media=media) for event in events]) + "\n").encode()
 
 
 ROUTES = (
@@ -274,6 +277,13 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
             f"`trace`: expected 1 (or true) or 0 (or false), not {request.query['trace']!r}",
             "?trace=1 adds the call's trace to its done event",
         )
+    summary = TRACE_FLAGS.get(request.query.get("summary", "0").lower())
+    if summary is None:
+        return _error(
+            400,
+            f"`summary`: expected 1 (or true) or 0 (or false), not {request.query['summary']!r}",
+            "?summary=1 sends images and audio as summaries instead of in full",
+        )
     trace = CallTrace("flowrt gateway") if tracing else None
     session = request.headers.get("X-Flow-Session") or request.query.get("session")
     if session is not None and reserved(session):
@@ -284,7 +294,7 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
             if session is not None and not owners.claim(session, request[PRINCIPAL]):
                 return _error(403, refused_session(session), "each API key has sessions of its own", code="session_not_yours")
             try:
-                return await _answer(request, runtime, graph, inputs, session, timeout, trace)
+                return await _answer(request, runtime, graph, inputs, session, timeout, trace, media=not summary)
             finally:
                 if session is not None:
                     owners.release(session)
@@ -293,7 +303,14 @@ async def call_graph(request: web.Request) -> web.StreamResponse:
 
 
 async def _answer(
-    request: web.Request, runtime: Runtime, graph: str, inputs: dict, session: str | None, timeout: float | None, trace: Any
+    request: web.Request,
+    runtime: Runtime,
+    graph: str,
+    inputs: dict,
+    session: str | None,
+    timeout: float | None,
+    trace: Any,
+    media: bool = True,
 ) -> web.StreamResponse:
     try:
         observer = combine(runtime.observer, trace) if trace is not None else None
@@ -310,7 +327,7 @@ async def _answer(
                 batch = client_events(batch, roots)
                 if response is None and _bad_input(batch[-1]):  # nothing written yet: the caller's to fix
                     return _bad_input_answer(batch[-1])
-            data = event_lines(batch)
+            data = event_lines(batch, media=media)  # images and audio in full, unless ?summary=1
             if batch[-1]["event"] == "done":  # the call's last events
                 if trace is not None:  # the trace's JSON text spliced in as the done event's last key
                     data = data[: -len(b"}\n")] + b', "trace": ' + trace.chrome_trace_json() + b"}\n"
