@@ -13,6 +13,11 @@ started, as Prometheus' histogram_quantile does; rates are the counters' increas
 successive scrapes. A figure the server does not export is shown as "–".
 
 `--once` prints one frame to stdout as plain text (no live screen) and exits.
+
+A server started with API keys (docs/security.md) answers `/stats` only to a request that sends
+one: `--api-key KEY`, else the first key of `$FLOWC_ADMIN_KEYS` (an admin key's `/stats` shows
+the calls' sessions too), else the first of `$FLOWC_API_KEYS`, the variables the server reads.
+The key is sent as `Authorization: Bearer KEY` on every request, and never printed.
 """
 
 from __future__ import annotations
@@ -65,12 +70,38 @@ def base_url(text: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def fetch(base: str, path: str) -> bytes:
-    """The body of GET base+path; TopError saying why not and what to do."""
+def api_key(given: str | None, environ: Any = None) -> str | None:
+    """The key top sends: `--api-key`, else the first of $FLOWC_ADMIN_KEYS, else of $FLOWC_API_KEYS."""
+    import os
+
+    from flowrt.frontdoor import ADMIN_KEYS_ENV, API_KEYS_ENV
+
+    if given is not None:
+        if not given.strip():
+            raise click.BadParameter('give the key the server was started with, e.g. --api-key "$KEY"', param_hint="--api-key")
+        return given.strip()
+    environ = os.environ if environ is None else environ
+    for name in (ADMIN_KEYS_ENV, API_KEYS_ENV):
+        first = next((key.strip() for key in environ.get(name, "").split(",") if key.strip()), None)
+        if first is not None:
+            return first
+    return None
+
+
+def fetch(base: str, path: str, key: str | None = None) -> bytes:
+    """The body of GET base+path (sending `key` as a Bearer token); TopError saying why not and what to do."""
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
     try:
-        with urllib.request.urlopen(base + path, timeout=TIMEOUT) as answer:  # noqa: S310 - the user's own server
+        request = urllib.request.Request(base + path, headers=headers)
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:  # noqa: S310 - the user's own server
             return answer.read()
     except urllib.error.HTTPError as error:
+        if error.code == 401:
+            told = "refused the API key top sent" if key is not None else "asks for an API key"
+            raise TopError(
+                f"{base} {told} (GET {path} answered 401); give one the server was started with: "
+                "--api-key KEY, or $FLOWC_API_KEYS / $FLOWC_ADMIN_KEYS (an admin key shows the calls' sessions too)"
+            ) from None
         raise TopError(
             f"{base} answered GET {path} with {error.code} {error.reason}: it is not a flowrt server; "
             "give the URL `flowc run DIR --http HOST:PORT` printed (serving NAME on http://...)"
@@ -88,8 +119,8 @@ def fetch(base: str, path: str) -> bytes:
         ) from None
 
 
-def fetch_json(base: str, path: str) -> dict:
-    body = fetch(base, path)
+def fetch_json(base: str, path: str, key: str | None = None) -> dict:
+    body = fetch(base, path, key)
     try:
         value = json.loads(body)
     except ValueError:
@@ -102,9 +133,9 @@ def fetch_json(base: str, path: str) -> dict:
     return value
 
 
-def check_server(base: str) -> dict:
+def check_server(base: str, key: str | None = None) -> dict:
     """GET /health: the server's bundle and graphs; TopError if it is not a flowrt server."""
-    health = fetch_json(base, "/health")
+    health = fetch_json(base, "/health", key)
     if not isinstance(health.get("bundle"), str) or not isinstance(health.get("graphs"), list):
         raise TopError(
             f"{base}/health is not a flowrt server's (no bundle, no graphs); "
@@ -136,9 +167,9 @@ class Scrape:
     at: float
 
 
-def scrape(base: str, clock: Any = time.monotonic) -> Scrape:
-    text = fetch(base, "/metrics").decode("utf-8", errors="replace")
-    return Scrape(parse_exposition(text), fetch_json(base, "/stats"), clock())
+def scrape(base: str, clock: Any = time.monotonic, key: str | None = None) -> Scrape:
+    text = fetch(base, "/metrics", key).decode("utf-8", errors="replace")
+    return Scrape(parse_exposition(text), fetch_json(base, "/stats", key), clock())
 
 
 # ── arithmetic on samples ──
@@ -386,7 +417,13 @@ def render(frame: Frame) -> Any:
     "--interval", metavar="SECONDS", default="1", show_default=True, help="Seconds between refreshes (rates are over this)."
 )
 @click.option("--once", is_flag=True, help="Print one frame to stdout as plain text and exit (no live screen).")
-def top(url: str, interval: str, once: bool) -> None:
+@click.option(
+    "--api-key",
+    "key",
+    metavar="KEY",
+    help="The key of a server started with API keys (default: the first of $FLOWC_ADMIN_KEYS, else of $FLOWC_API_KEYS).",
+)
+def top(url: str, interval: str, once: bool, key: str | None = None) -> None:
     """Watch a serving deployment: per role replicas, queues, latency and errors; per graph
     calls and latency; pool usage; the calls in flight (docs/observe.md). Ctrl-C leaves.
 
@@ -395,6 +432,7 @@ def top(url: str, interval: str, once: bool) -> None:
       flowc top http://127.0.0.1:8000
       flowc top 127.0.0.1:8000 --interval 5
       flowc top http://127.0.0.1:8000 --once > snapshot.txt
+      FLOWC_API_KEYS="$KEY" flowc top https://gateway.example:8443
     """
     try:
         every = float(interval)
@@ -405,28 +443,29 @@ def top(url: str, interval: str, once: bool) -> None:
             f"{interval!r}: give a number of seconds from 0.05 to 3600, e.g. --interval 2", param_hint="--interval"
         )
     base = base_url(url)
-    health = check_server(base)
+    key = api_key(key)
+    health = check_server(base, key)
     from rich.console import Console
 
     if once:
         console = Console(width=160, force_terminal=False, color_system=None, highlight=False)
-        console.print(render(build_frame(health, scrape(base), url=base)))
+        console.print(render(build_frame(health, scrape(base, key=key), url=base)))
         return
     console = Console()
     if not console.is_terminal:  # a pipe or a file: plain frames one after another, as `top -b` writes
-        _batch(base, health, every, Console(width=160, force_terminal=False, color_system=None, highlight=False))
+        _batch(base, health, every, Console(width=160, force_terminal=False, color_system=None, highlight=False), key)
         return
-    _live(base, health, every, console)
+    _live(base, health, every, console, key)
 
 
-def _batch(base: str, health: dict, every: float, console: Any) -> None:
+def _batch(base: str, health: dict, every: float, console: Any, key: str | None = None) -> None:
     """Print a plain frame every `every` seconds until Ctrl-C or a signal, each flushed as it is
     printed, so a reader (or a file cut short) has every frame so far."""
     before: Scrape | None = None
     try:
         while True:
             try:
-                now = scrape(base)
+                now = scrape(base, key=key)
             except TopError as error:
                 console.print(f"flowc top · {base}: {error.message}")
                 before = None
@@ -440,7 +479,7 @@ def _batch(base: str, health: dict, every: float, console: Any) -> None:
         return
 
 
-def _live(base: str, health: dict, every: float, console: Any) -> None:
+def _live(base: str, health: dict, every: float, console: Any, key: str | None = None) -> None:
     """Refresh every `every` seconds until Ctrl-C; a server gone away is said in the view,
     and the view goes on once it answers again."""
     from rich.console import Group
@@ -452,7 +491,7 @@ def _live(base: str, health: dict, every: float, console: Any) -> None:
         try:
             while True:
                 try:
-                    now = scrape(base)
+                    now = scrape(base, key=key)
                 except TopError as error:
                     live.update(Group(Text(f"flowc top · {base}", style="bold"), Text(error.message, style="red")), refresh=True)
                     before = None

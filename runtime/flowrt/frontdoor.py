@@ -1,5 +1,5 @@
 """The HTTP front door's options, defined once: API keys, the admin key, admission limits, read
-timeouts and the drain's grace (docs/security.md). `flowc run` (click, flowc.running.front_door_options) and
+timeouts, the drain's grace, TLS and the scope of prefix reuse (docs/security.md). `flowc run` (click, flowc.running.front_door_options) and
 `python -m BUNDLE serve|launch` (argparse, flowrt.deploy.entry) both build their options from
 `OPTIONS`, and both hand what the user wrote to `front_door`, which checks it and returns the
 `FrontDoor` the gateway serves with, or raises ValueError naming the option and the fix.
@@ -8,12 +8,18 @@ Keys come from `--api-key KEY` (repeatable), `--api-key-file PATH` (one key a li
 and `#` comments skipped) and `$FLOWC_API_KEYS` (comma-separated); all three add up. The admin
 keys (`--admin-key`, `$FLOWC_ADMIN_KEYS`) are API keys too, and the only ones `/stats` shows
 session ids, paths and process ids to.
+
+`--tls-cert PATH --tls-key PATH` (both or neither) serve https: the files are read and checked
+here, into the `ssl.SSLContext` the gateway's site listens with. `--prefix-scope key|shared`:
+whether a call may reuse the KV pages of another API key's calls (`shared`) or only its own
+key's (`key`, the default where keys are set; flowrt.control.sessions.PREFIX_SCOPE).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +31,7 @@ DEFAULT_HEADER_TIMEOUT = 10.0  # seconds a connection may take to send a request
 DEFAULT_BODY_TIMEOUT = 60.0  # seconds a request may take to send its body
 DEFAULT_GRACE = 30.0  # seconds SIGTERM lets the calls in flight run before cancelling them
 MIN_KEY_LENGTH = 8
+PREFIX_SCOPES = ("key", "shared")
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,20 @@ OPTIONS = (
         "0 cancels at once.",
         default=f"{DEFAULT_GRACE:g}",
     ),
+    Option(
+        "--tls-cert",
+        "tls_cert",
+        "PATH",
+        "Serving: serve https with this certificate chain (PEM; give --tls-key too).",
+    ),
+    Option("--tls-key", "tls_key", "PATH", "Serving: the private key (PEM, unencrypted) of --tls-cert."),
+    Option(
+        "--prefix-scope",
+        "prefix_scope",
+        "key|shared",
+        "Serving: `key`: a call reuses KV pages (a prompt's prefix) only of its own API key's calls, so reuse "
+        "tells no tenant what another sent; `shared`: of every call (default: key with API keys, else shared).",
+    ),
 )
 
 
@@ -122,6 +143,8 @@ class FrontDoor:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     grace: float = DEFAULT_GRACE
+    tls: ssl.SSLContext | None = field(default=None, compare=False)  # serve https (--tls-cert, --tls-key)
+    prefix_scope: str = "shared"  # "key": prefix reuse only within an API key's calls
     sources: dict[str, int] = field(default_factory=dict, compare=False)  # where keys came from, counted (the log says)
 
     @property
@@ -159,6 +182,55 @@ def _key(key: str, source: str) -> str:
             "(e.g. from `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
         )
     return key
+
+
+class _Encrypted(Exception):
+    """The TLS key asks for a password (flowrt asks for none)."""
+
+
+def _no_password() -> bytes:
+    raise _Encrypted
+
+
+def tls_context(cert: Any, key: Any) -> ssl.SSLContext | None:
+    """The server's TLS context from `--tls-cert` and `--tls-key` (both or neither: None);
+    ValueError naming the option and the fix."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        given, missing = ("--tls-cert", "--tls-key") if key is None else ("--tls-key", "--tls-cert")
+        raise ValueError(f"{given} needs {missing} too: give both (the certificate chain and its private key, PEM) or neither")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            Path(path).read_bytes()
+        except OSError as error:
+            raise ValueError(f"{flag}: cannot read {path}: {error.strerror or error}") from None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(str(cert), str(key), password=_no_password)
+    except _Encrypted:
+        raise ValueError(
+            f"--tls-key: {key} is encrypted; give an unencrypted key (e.g. `openssl pkey -in {key} -out plain.pem`), "
+            "readable by the server's user only"
+        ) from None
+    except (ssl.SSLError, OSError) as error:
+        why = getattr(error, "reason", None) or str(error)
+        raise ValueError(
+            f"--tls-cert {cert} and --tls-key {key} are not a PEM certificate chain and its private key ({why}); "
+            "give the certificate (chain) file and the key it was issued for"
+        ) from None
+    return context
+
+
+def _prefix_scope(value: Any, keyed: bool) -> str:
+    if value is None:
+        return "key" if keyed else "shared"
+    scope = str(value).strip().lower()
+    if scope not in PREFIX_SCOPES:
+        raise ValueError(f"--prefix-scope: expected key or shared, not {value!r}")
+    if scope == "key" and not keyed:
+        raise ValueError("--prefix-scope key scopes prefix reuse to API keys: give --api-key too (or leave it out)")
+    return scope
 
 
 def read_key_file(path: str) -> list[str]:
@@ -212,6 +284,8 @@ def front_door(given: Mapping[str, Any], environ: Mapping[str, str] | None = Non
         header_timeout=_seconds(given.get("header_timeout"), "--header-timeout", DEFAULT_HEADER_TIMEOUT),
         body_timeout=_seconds(given.get("body_timeout"), "--body-timeout", DEFAULT_BODY_TIMEOUT),
         grace=_seconds(given.get("grace"), "--grace", DEFAULT_GRACE, zero=True),
+        tls=tls_context(given.get("tls_cert"), given.get("tls_key")),
+        prefix_scope=_prefix_scope(given.get("prefix_scope"), bool(keys or admin)),
         sources=sources,
     )
 

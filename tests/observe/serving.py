@@ -106,6 +106,11 @@ class Server:
         assert status == 200, body
         return [json.loads(line) for line in body.decode().splitlines()]
 
+    def call_keyed(self, graph: str, request: dict, key: str) -> list[dict]:
+        status, body = self.request("POST", f"/graphs/{graph}", {"request": request}, {"Authorization": f"Bearer {key}"})
+        assert status == 200, body
+        return [json.loads(line) for line in body.decode().splitlines()]
+
     def stats(self) -> dict:
         status, body = self.request("GET", "/stats")
         assert status == 200, body

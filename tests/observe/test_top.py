@@ -258,3 +258,34 @@ def test_addresses_are_read_as_the_server_prints_them():
         with pytest.raises(TopError, match=words) as raised:
             base_url(text)
         assert "pw" not in raised.value.message
+
+
+def test_a_keyed_server_is_read_with_the_key_from_the_option_or_the_environment(tmp_path: Path):
+    key, admin = "top-key-0123456789abcdef", "top-admin-0123456789abcd"
+    bundle = served.bundle(tmp_path / "src")
+    with served.serving(bundle, "--api-key", key, "--admin-key", admin, "--grace", "0", tmp=tmp_path) as server:
+        assert server.call_keyed("g", {"n": 1}, key)[-1]["status"] == "ok"
+        keyless = subprocess.run(
+            [sys.executable, "-m", "flowc", "top", server.url, "--once"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if k not in ("FLOWC_API_KEYS", "FLOWC_ADMIN_KEYS")},
+        )
+        assert keyless.returncode == 2 and "asks for an API key" in keyless.stderr and "--api-key KEY" in keyless.stderr
+        wrong = flowc_top(server.url, "--once", "--api-key", "not-the-key-0123456789")
+        assert wrong.returncode == 2 and "refused the API key top sent" in wrong.stderr, wrong.stderr
+        assert "not-the-key" not in wrong.stderr + wrong.stdout  # never printed
+        given = flowc_top(server.url, "--once", "--api-key", key)
+        assert given.returncode == 0, given.stderr
+        assert table_rows(given.stdout, "g")[0][:3] == ["g", "1", "1"]
+        for variable, value in (("FLOWC_API_KEYS", f" {key} ,other-key-0123456789"), ("FLOWC_ADMIN_KEYS", admin)):
+            environ = {**os.environ, variable: value}
+            read = subprocess.run(
+                [sys.executable, "-m", "flowc", "top", server.url, "--once"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=environ,
+            )
+            assert read.returncode == 0 and f"at {server.url}" in read.stdout, (variable, read.stderr)

@@ -106,7 +106,7 @@ def serving(bundle: Path, command: list[str] | None = None, cwd: Path | None = N
     try:
         banner = process.stdout.readline()  # ends at the banner, or at EOF if the server failed to start
         assert banner.startswith("serving "), banner + process.stderr.read()
-        address = banner.split("http://", 1)[1].strip()
+        address = banner.split("://", 1)[1].strip()  # http:// or https:// (--tls-cert)
         host, port = address.rsplit(":", 1)
         yield Server(process, host, int(port))
     finally:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from flowrt.control.sessions import SCOPE_KEY
 from flowrt.control.threads import ReplicaThread
 from flowrt.tables import RoleSpec
 
@@ -68,7 +69,9 @@ class Context:
                 f"and only where torch is installed (pip install 'flowc[torch]')"
             )
         owner = f"{self.session}/{self.call_id}/{self.role}.{self.interface}#{self.replica}"
-        return params.session(name, self.session, owner, role=self.role)
+        state = self.globals[name]
+        scope = state.get(SCOPE_KEY) if isinstance(state, dict) else None  # the caller's prefix scope (control.sessions)
+        return params.session(name, self.session, owner, role=self.role, scope=scope)
 
     def __repr__(self) -> str:
         return f"Context(role={self.role!r}, interface={self.interface!r}, session={self.session!r}, call_id={self.call_id})"

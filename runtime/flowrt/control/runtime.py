@@ -34,7 +34,7 @@ from flowrt.control import impls
 from flowrt.control.call import Call
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context, RoleBinding
-from flowrt.control.sessions import GCScheduler, SessionStore, anonymous_session, reserved
+from flowrt.control.sessions import PREFIX_SCOPE, SCOPE_KEY, GCScheduler, SessionStore, anonymous_session, reserved
 from flowrt.control.threads import ReplicaThread, streams
 from flowrt.entry_types import EntryTypeError, checker
 from flowrt.errors import BadInputs, BadTimeout, FlowrtError, RoleError, UnknownGraph, place
@@ -81,6 +81,8 @@ class Runtime:
         # the state of each global a role `uses`, per session: (session, name) -> dict
         self.globals: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
         self.global_names = sorted({name for role in self.roles.values() for name in role.uses})
+        declared = bundle.plan.get("globals") or {}
+        self.kv_globals = [name for name in self.global_names if (declared.get(name) or {}).get("kind") == "KVCache"]
         self.scheduler = GCScheduler()
         self.sessions = SessionStore(
             self.globals,
@@ -306,6 +308,11 @@ class Runtime:
                     self._rest(session, anonymous)
                     self._wake_idle()
                 raise
+        if self.kv_globals:  # the caller's prefix scope travels with the session's KV state (flowrt.control.sessions)
+            scope = PREFIX_SCOPE.get()
+            if scope is not None:
+                for name in self.kv_globals:
+                    self.globals[(session, name)][SCOPE_KEY] = scope
         call = Call(self, program, inputs, session, call_id)
         call.observer = self.observer if observer is None else observer
         call.track_frames = bool(getattr(call.observer, "frames", False))  # (a trace's arrows need them)

@@ -9,6 +9,13 @@ next call starts from empty state, like a new session.
 A call without a session gets one of its own (`anonymous_session`): `~` and 128 random bits, so
 nobody can guess it, and no caller can name it: a session id a caller gives may not start with
 `~` (`reserved`), so a client's `X-Flow-Session` never joins another's anonymous call.
+
+Prefix scope (docs/security.md, "Prefix privacy"): a server that scopes KV prefix reuse to its
+callers' API keys sets `PREFIX_SCOPE` (a context variable) to the caller's principal around the
+calls it starts; the runtime writes it into the session's state of every KVCache global as
+`SCOPE_KEY` when the call takes its session's turn, so it travels with the session's globals to
+whichever process runs a role that `uses` one, where `ctx.kv` salts the page keys with it
+(flowrt.params.session.KVSession): two scopes never share a page, one scope shares as before.
 """
 
 from __future__ import annotations
@@ -18,11 +25,14 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 
 ANONYMOUS = "~"  # the prefix of the sessions the runtime makes; no caller may name one
+PREFIX_SCOPE: ContextVar[str | None] = ContextVar("flowrt_prefix_scope", default=None)  # None: reuse is shared
+SCOPE_KEY = "~prefix_scope"  # where a KVCache global's session state carries the scope (not a role's key)
 
 
 def anonymous_session() -> str:

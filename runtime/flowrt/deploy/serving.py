@@ -70,7 +70,7 @@ async def serve(
     progress: Progress | None = None,
     front: FrontDoor | None = None,
 ) -> None:
-    """Serve until SIGINT or SIGTERM; prints `serving NAME on http://HOST:PORT` once listening.
+    """Serve until SIGINT or SIGTERM; prints `serving NAME on http(s)://HOST:PORT` once listening.
     `deploy`, `registry` and `heartbeat_ttl` pick where the roles run (flowrt.deploy); `front`
     the keys, limits, timeouts and grace (flowrt.frontdoor). A signal while the
     deployment starts stops it there (its processes and sockets cleaned up): Stopped."""
@@ -121,7 +121,7 @@ async def serve(
     try:
         await runner.setup()
         app[HEADERS].install(runner.server)
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=front.tls)  # --tls-cert, --tls-key: https
         try:
             await site.start()
         except OSError as error:
@@ -129,7 +129,7 @@ async def serve(
                 f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --http HOST:PORT"
             ) from None
         bound_host, bound_port = runner.addresses[0][:2]
-        url = f"http://{bound_host}:{bound_port}"
+        url = f"{'https' if front.tls is not None else 'http'}://{bound_host}:{bound_port}"
         print(f"serving {runtime.bundle.name} on {url}", flush=True)
         log.info(
             "serving %s on %s (--deploy %s)",

@@ -13,6 +13,10 @@ A session belongs to the key whose call named it first (`SessionOwners`): anothe
 of it is refused 403 while the runtime holds the session (a call of it running or queued, or
 its state kept while idle); once the runtime has let it go, it is anyone's again, as new.
 Without keys every caller is the same nobody, and sessions are shared as before.
+
+With `--prefix-scope key` (the default with keys), the calls a request starts carry its key's
+principal as their prefix scope (flowrt.control.sessions.PREFIX_SCOPE), so KV prefix reuse, and
+what `reused_tokens` tells, stays within one key's calls.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from flowrt.control.sessions import PREFIX_SCOPE
 from flowrt.frontdoor import FrontDoor
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -91,7 +96,13 @@ class Access:
             told = "no API key was sent" if not request.headers.get("Authorization") else "the API key is not valid"
             return unauthorized(request, f"{told}: {path} needs `Authorization: Bearer KEY`")
         request[PRINCIPAL], request[ADMIN] = found
-        return await handler(request)
+        if door.prefix_scope != "key":
+            return await handler(request)
+        scoped = PREFIX_SCOPE.set(found[0])  # the calls this request starts reuse only this key's pages
+        try:
+            return await handler(request)
+        finally:
+            PREFIX_SCOPE.reset(scoped)
 
     def statistics(self) -> dict[str, Any]:
         return {"unauthorized_requests": self.unauthorized}

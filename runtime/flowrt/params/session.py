@@ -15,6 +15,11 @@
         ...                                     # kv.stack("0", "k")[slots] = ...
         kv.commit(keys[hit.pages:], start=hit.pages)
 
+A handle with a `scope` (the caller's API key's principal, where the server scopes prefix reuse
+to keys: docs/security.md, "Prefix privacy") salts every page key it is given before the pool
+sees it: the pool's key is BLAKE2b-128 of the role's key under the scope, so the pages of two
+scopes never match, whatever their tokens, and a role's keys mean what they meant within one.
+
 An engine that reuses a prefix says what it reused and computed with `kv.count_prefix(hit=,
 computed=, recomputed=)`: the pool keeps the sums per role (its `statistics()`'s
 `prefix_tokens`), which /metrics exports as `flowrt_prefix_tokens_total` (docs/observe.md).
@@ -22,6 +27,7 @@ computed=, recomputed=)`: the pool keeps the sums per role (its `statistics()`'s
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -64,12 +70,16 @@ def tier_pages(layout: KVLayout, settings: Mapping[str, Any]) -> dict[str, int]:
 class KVSession:
     """One activation's handle on one pool for one session (see the module docstring)."""
 
-    def __init__(self, pool: KVPool, session: str, owner: str, hasher: Hasher | None = None, role: str = ""):
+    def __init__(
+        self, pool: KVPool, session: str, owner: str, hasher: Hasher | None = None, role: str = "", scope: str | None = None
+    ):
         self.pool = pool
         self.session = session
         self.owner = owner
         self.hasher = hasher
         self.role = role  # the role whose activation holds it (what `count_prefix` counts for)
+        self.scope = scope  # prefix reuse only among handles of the same scope (None: shared)
+        self._salt = None if scope is None else hashlib.blake2b(scope.encode(), digest_size=32, person=b"flowkv-scope").digest()
         self._run_locked = False
         self._entered = False
 
@@ -85,7 +95,7 @@ class KVSession:
 
     async def match(self, keys: Sequence[str]) -> Prefix:
         """The longest cached prefix of `keys`, in L1 and held until the `async with` ends."""
-        keys = self._checked("match", keys)
+        keys = self._scoped(self._checked("match", keys))
         try:
             return await self.pool.match(self.session, keys, self.owner)
         except SlotsExhausted as error:
@@ -95,7 +105,7 @@ class KVSession:
 
     def allocate(self, keys: Sequence[str]) -> list[int]:
         """L1 slots for pages `keys`: write the K/V of each `fresh` one there, then `commit`."""
-        keys = self._checked("allocate", keys)
+        keys = self._scoped(self._checked("allocate", keys))
         try:
             return self.pool.allocate(keys, self.owner)
         except SlotsExhausted as error:
@@ -116,6 +126,17 @@ class KVSession:
         if len(set(keys)) != len(keys):
             raise KVError(f"kv.{what}(): a page key appears twice; the keys of one history are all different")
         return keys
+
+    def _scoped(self, keys: list[str]) -> list[str]:
+        """The pool's keys for the role's `keys`: themselves, or salted with the scope."""
+        salt = self._salt
+        if salt is None:
+            return keys
+        return [hashlib.blake2b(key.encode(), digest_size=16, key=salt).hexdigest() for key in keys]
+
+    def committed(self, key: str) -> bool:
+        """Whether page `key` is committed in this process's pool (so `allocate` holds it)."""
+        return self.pool.committed(self._scoped([key])[0])
 
     def _full(self, error: SlotsExhausted) -> KVError:
         return KVError(
@@ -142,13 +163,13 @@ class KVSession:
 
     def fresh(self, key: str) -> bool:
         """Whether `key` was allocated new for this handle (False: another request made it)."""
-        return self.pool.fresh(key, self.owner)
+        return self.pool.fresh(self._scoped([key])[0], self.owner)
 
     def commit(self, keys: Sequence[str], start: int | None = None) -> bool:
         """Pages `keys` are written: share them as pages start.. of the session's history.
         False when the metadata store could not take them (they stay here; retried later)."""
         try:
-            return self.pool.commit(self.session, self._checked("commit", keys), self.owner, start)
+            return self.pool.commit(self.session, self._scoped(self._checked("commit", keys)), self.owner, start)
         except SlotError as error:
             raise KVError(str(error)) from None
 
@@ -161,7 +182,7 @@ class KVSession:
 
     def read_shared(self, keys: Sequence[str]) -> SharedPages:
         """The prefix of `keys` other processes of the machine hold, read in place (no copy)."""
-        return self.pool.read_shared(self.session, self._checked("read_shared", keys))
+        return self.pool.read_shared(self.session, self._scoped(self._checked("read_shared", keys)))
 
     def release(self) -> None:
         self.pool.release(self.owner)
@@ -250,8 +271,8 @@ class KVPools:
             node=node,
         )
 
-    def session(self, name: str, session: str, owner: str, role: str = "") -> KVSession:
-        return KVSession(self.pool(name), session, owner, self.hasher, role)
+    def session(self, name: str, session: str, owner: str, role: str = "", scope: str | None = None) -> KVSession:
+        return KVSession(self.pool(name), session, owner, self.hasher, role, scope)
 
     def statistics(self) -> dict:
         return {name: pool.statistics() for name, pool in sorted(self.pools.items())}

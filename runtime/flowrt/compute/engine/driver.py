@@ -266,7 +266,7 @@ def allocate(kv: KVSession, keys: list[str]) -> list[int]:
     """`kv.allocate(keys)`, the pages already committed first: held, they cannot be evicted to make
     room for the new ones (KVPool.allocate given both at once may evict an idle listed page for a
     new one, then fail to hold it)."""
-    resident = [key for key in keys if kv.pool.committed(key)]
+    resident = [key for key in keys if kv.committed(key)]
     slots = dict(zip(resident, kv.allocate(resident), strict=True)) if resident else {}
     others = [key for key in keys if key not in slots]
     if others:
