@@ -479,6 +479,7 @@ class Thinker:
                 "computed_tokens": result.computed_tokens,
                 "hit_pages": plan.hit.pages,
                 "generated_tokens": len(generated),
+                "completion_tokens": len(generated),  # (OpenAI's name: /v1/chat/completions reports it as usage)
                 "history_tokens": plan.n_tokens + len(generated),  # the `step` of a client holding this turn
                 "audio_clips": prompt["clips"],
                 "audio_cache_hits": sum(item["cache"] != "miss" for item in encoded.values()),  # no forward of its own
