@@ -51,7 +51,9 @@ class Used:
 
 def test_a_role_no_graph_runs_is_neither_imported_nor_started(tmp_path, caplog):
     async def main():
-        bundle = bundle_with_roles(FLOW, ROLES, tmp_path, module="unreached_roles")  # (imported in this process too: a name of its own)
+        bundle = bundle_with_roles(
+            FLOW, ROLES, tmp_path, module="unreached_roles"
+        )  # (imported in this process too: a name of its own)
         assert load_bundle(bundle).unreached == ("unused",)
         with caplog.at_level(logging.INFO, logger="flowrt.deploy"):
             inproc = await open_deployment(bundle, "inproc")

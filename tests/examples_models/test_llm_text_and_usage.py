@@ -123,9 +123,7 @@ def test_the_openai_endpoint_reports_a_multimodal_graphs_prompt_and_completion_t
         assert [each["completion_tokens"] for each in flow["usage"]] == [4, 8]
 
         chunks = list(
-            client.chat.completions.create(
-                model="chat", messages=messages, stream=True, stream_options={"include_usage": True}
-            )
+            client.chat.completions.create(model="chat", messages=messages, stream=True, stream_options={"include_usage": True})
         )
         (counted,) = [chunk.usage for chunk in chunks if chunk.usage is not None]
         assert (counted.prompt_tokens, counted.completion_tokens) == (prompt, 8)
