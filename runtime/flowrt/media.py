@@ -8,6 +8,7 @@
     pcm16(samples), encode_wav(pcm, rate)    float samples -> int16 bytes -> a WAV file (PCM16)
     carried(format, data, **fields)          the JSON a value's `media()` gives: {"format", "base64", ...}
     joined_wav(pieces)                       carried PCM16 WAVs (speech chunks) joined into one
+    carried_pcm16(piece)                     a carried PCM16 WAV -> (its samples' bytes, its sample rate)
 
 **Limits** (`MediaLimits`, read from the environment at each call, or passed as `limits=`):
 FLOWRT_MAX_IMAGE_PIXELS (16,777,216: 4096 x 4096), FLOWRT_MAX_MEDIA_BYTES (20 MiB of encoded
@@ -377,15 +378,28 @@ def joined_wav(pieces: list[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError("no audio to join")
     frames, rate = [], None
     for index, piece in enumerate(pieces):
-        if piece.get("format") != "wav":
-            raise ValueError(f"piece {index} is {piece.get('format')!r}, not a carried wav")
-        with wave.open(io.BytesIO(base64.b64decode(piece["base64"]))) as file:
-            if (file.getnchannels(), file.getsampwidth()) != (1, 2) or rate not in (None, file.getframerate()):
-                raise ValueError(f"piece {index} is not mono PCM16 at {rate or file.getframerate()} Hz like the others")
-            rate = file.getframerate()
-            frames.append(file.readframes(file.getnframes()))
+        pcm, piece_rate = carried_pcm16(piece, f"piece {index}")
+        if rate not in (None, piece_rate):
+            raise ValueError(f"piece {index} is at {piece_rate} Hz, the others at {rate} Hz")
+        rate = piece_rate
+        frames.append(pcm)
     pcm = b"".join(frames)
     return carried("wav", encode_wav(pcm, rate), sample_rate=rate, samples=len(pcm) // 2)
+
+
+def carried_pcm16(piece: Any, name: str = "the audio") -> tuple[bytes, int]:
+    """A carried mono PCM16 WAV's samples (little-endian int16 bytes) and its sample rate;
+    ValueError naming `name` for anything else."""
+    if not isinstance(piece, Mapping) or piece.get("format") != "wav" or not isinstance(piece.get("base64"), str):
+        shown = piece.get("format") if isinstance(piece, Mapping) else type(piece).__name__
+        raise ValueError(f"{name} is {shown!r}, not a carried wav")
+    try:
+        with wave.open(io.BytesIO(base64.b64decode(piece["base64"]))) as file:
+            if (file.getnchannels(), file.getsampwidth()) != (1, 2):
+                raise ValueError(f"{name} is not mono PCM16")
+            return file.readframes(file.getnframes()), file.getframerate()
+    except (wave.Error, EOFError, binascii.Error) as error:
+        raise ValueError(f"{name} is not a readable WAV ({error})") from None
 
 
 def _require(module: str, package: str, purpose: str) -> Any:

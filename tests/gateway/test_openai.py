@@ -279,7 +279,8 @@ def test_bodies_that_are_not_chat_requests_get_openai_error_objects(server: Serv
         ("POST", "/v1/chat/completions", b"[1, 2]", 400, "the body is a list, not a JSON object"),
         ("POST", "/v1/chat/completions", b'{"model": "echo", "messages": "' + b"x" * 2**21 + b'"}', 413, "larger than"),
         ("GET", "/v1/chat/completions", None, 405, "does not answer GET; it answers POST"),
-        ("GET", "/v1/embeddings", None, 404, "no such path: /v1/embeddings"),
+        ("GET", "/v1/embeddings", None, 405, "/v1/embeddings does not answer GET; it answers POST"),
+        ("GET", "/v1/completions", None, 404, "no such path: /v1/completions"),
     ]
     for method, path, body, status, words in cases:
         connection = server.connect()
@@ -320,13 +321,14 @@ def test_a_client_that_disconnects_cancels_its_call(client: openai.OpenAI, serve
 
 
 def test_recorded_output_types_pick_the_text_field_up_front(bundle: Path):
-    """Where bundle.json records output types, a graph without a Text output is no model at all
-    (today's flowc records none: `numbers` is then refused by its first value, above)."""
+    """A bundle from a flowc that recorded output types but no endpoints: a graph without a Text
+    output is no model at all (with neither, `numbers` is refused by its first value, above)."""
 
     async def shapes(types: dict[str, dict[str, str]]) -> dict:
         runtime = await Runtime.open(bundle)
         try:
             for graph, recorded in types.items():
+                runtime.bundle.manifest["graphs"][graph].pop("endpoints", None)
                 runtime.bundle.manifest["graphs"][graph]["output_types"] = recorded
             return {graph: chat_shape(runtime, graph) for graph in types}
         finally:

@@ -81,6 +81,7 @@ class Schema:
 LB_POLICIES = ("round_robin", "session", "broadcast", "load_aware")
 DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3", "int8")
 TIERS = ("device", "host", "disk")
+ENDPOINTS = ("chat", "images", "speech", "embeddings")  # the OpenAI endpoints a graph may serve (flowc.check.endpoints)
 
 # The bounds of resource settings (docs/language.md, "Limits"). They are generous for real
 # deployments and catch the typo that would make the runtime allocate for ever or cancel at once.
@@ -124,7 +125,10 @@ INTERFACE = Schema(
 
 GRAPH = Schema(
     "a graph",
-    (Key("timeout", Kind.DURATION, "time one call of the graph may take before it is cancelled", **_TIMEOUT),),
+    (
+        Key("timeout", Kind.DURATION, "time one call of the graph may take before it is cancelled", **_TIMEOUT),
+        Key("serves", Kind.NAMES, "the OpenAI endpoints that serve the graph (docs/openai.md)", choices=ENDPOINTS),
+    ),
 )
 
 GLOBAL_KINDS: dict[str, Schema] = {

@@ -20,6 +20,7 @@ from pathlib import Path
 import jinja2
 
 from flowc import __version__
+from flowc.check.endpoints import endpoints_of
 from flowc.check.model import Program
 from flowc.codegen import views
 from flowc.plan import build_plan
@@ -111,7 +112,9 @@ def build_bundle(program: Program, source: Path, out: Path, targets: tuple[str, 
             # (or, vendored, from the bundle's own copies)
             "python_path": python_path,
             "graphs": {
-                name: views.graph_summary(g, entry_types(program, g.entry), output_types(program, g))
+                name: views.graph_summary(
+                    g, entry_types(program, g.entry), output_types(program, g), endpoints_of(program, program.graphs[name])
+                )
                 for name, g in plan.graphs.items()
             },
             "roles": {name: {"impl": r.impl, "module": f"nodes/{name}.py"} for name, r in plan.roles.items()},
@@ -130,7 +133,7 @@ def entry_types(program: Program, entry: tuple[str, ...] | list[str]) -> dict[st
 
 def output_types(program: Program, graph: GraphPlan) -> dict[str, str]:
     """Each field a graph streams or returns, with its declared type (aliases resolved): the
-    OpenAI endpoint picks the Text output it sends by it (docs/openai.md)."""
+    OpenAI endpoint checks a graph's values against them (docs/openai.md)."""
     types = {}
     for output in graph.outputs:
         producers = program.field(output.field).producers

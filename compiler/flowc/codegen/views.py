@@ -255,10 +255,14 @@ def _k8s_name(flow: str) -> str:
     return flow.lower().replace("_", "-").strip("-")[:63] or "flow"
 
 
-def graph_summary(graph: GraphPlan, types: dict[str, str], output_types: dict[str, str]) -> dict:
+def graph_summary(
+    graph: GraphPlan, types: dict[str, str], output_types: dict[str, str], endpoints: dict[str, dict[str, str]]
+) -> dict:
     """A graph as bundle.json lists it; `types`: each entry placeholder's declared type;
-    `output_types`: each streamed or returned field's."""
+    `output_types`: each streamed or returned field's; `endpoints`: the OpenAI endpoints that
+    serve it, with the fields each reads (flowc.check.endpoints)."""
     return {
+        "endpoints": {endpoint: dict(sorted(fields.items())) for endpoint, fields in sorted(endpoints.items())},
         "entry": list(graph.entry),
         "types": dict(sorted(types.items())),
         "output_types": dict(sorted(output_types.items())),

@@ -22,7 +22,8 @@
     GET  /metrics                 Prometheus text format: calls, activations, latency (flowrt.observe.metrics),
                                   and the deployment's replicas, edges, pools and prefix reuse,
                                   gathered from its processes as it is asked (flowrt.observe.deployment)
-    POST /v1/chat/completions, GET /v1/models   OpenAI's chat API, errors too (flowrt.gateway.openai)
+    POST /v1/chat/completions, /v1/images/generations, /v1/audio/speech, /v1/embeddings, GET /v1/models
+                                  OpenAI's API, errors too (flowrt.gateway.openai_routes)
 
 Every answer that is not a call's event stream is JSON, and every error is `{"error": ...,
 "hint": ...}`: 400 for a body that is not a JSON object (or that cannot be decoded as its
@@ -59,7 +60,7 @@ from flowrt import options
 from flowrt.control import CORE, BadInputs, BadTimeout, Runtime, UnknownGraph
 from flowrt.control.sessions import reserved
 from flowrt.frontdoor import FrontDoor
-from flowrt.gateway import openai
+from flowrt.gateway import openai_routes
 from flowrt.gateway.access import ADMIN, PRINCIPAL, Access, SessionOwners, refused_session
 from flowrt.gateway.admission import Admission, HeaderDeadline, Refused, read_body
 from flowrt.gateway.exposure import client_events, hide_paths, public_stats
@@ -401,7 +402,7 @@ def application(
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/graphs/{graph}", call_graph)
-    openai.add_routes(app, runtime, app[ADMISSION], app[OWNERS], front.body_timeout)
+    openai_routes.add_routes(app, runtime, app[ADMISSION], app[OWNERS], front.body_timeout)
     return app
 
 

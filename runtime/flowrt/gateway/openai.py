@@ -29,6 +29,7 @@ whose middleware checks API keys first (flowrt.gateway.access).
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -39,12 +40,22 @@ from typing import Any
 
 from aiohttp import web
 
+from flowrt import media
 from flowrt.control import BadInputs, Runtime, UnknownGraph
 from flowrt.control.sessions import reserved
 from flowrt.gateway.access import PRINCIPAL, SessionOwners, refused_session
 from flowrt.gateway.admission import Admission, Refused, read_body
 from flowrt.gateway.exposure import client_events, hide_paths
-from flowrt.gateway.openai_request import ChatError, ChatRequest, ChatShape, chat_shape, kind_of, parse_body, parse_request
+from flowrt.gateway.openai_request import (
+    ChatError,
+    ChatRequest,
+    ChatShape,
+    chat_shape,
+    kind_of,
+    parse_body,
+    parse_request,
+    served,
+)
 from flowrt.values import summarize
 
 log = logging.getLogger("flowrt.gateway")
@@ -79,16 +90,25 @@ class Answer:
     reported_finish: str | None = None  # what the graph said of its own end (`_report`)
     reported_usage: tuple[int, int] | None = None  # (prompt, completion) tokens the graph counted
     roots: tuple = ()  # the impl's directories: errors' `where` is told relative to them (exposure)
+    audio: bool = False  # the request asked for audio: the audio field's frames are the answer's too
+    sample_rate: int | None = None  # the audio's (every frame's must agree)
 
-    def take(self, batch: list[dict[str, Any]]) -> list[str]:
-        """The text pieces among `batch`'s events (the other fields are kept for `flow`); stops
-        at the limit or at a value that is not text (`over` says so)."""
-        pieces = []
+    def take(self, batch: list[dict[str, Any]]) -> list[str | bytes]:
+        """The text pieces (str) and, with `audio`, the PCM16 audio pieces (bytes) among `batch`'s
+        events (the other fields are kept for `flow`); stops at the limit or at a value that is not
+        text or audio (`over` says so)."""
+        pieces: list[str | bytes] = []
         text_field = self.shape.text_field
+        audio_field = self.shape.audio_field if self.audio else None
         for event in batch:
             kind = event["event"]
             if kind == "done":
                 self.done = client_events([event], self.roots)[0]
+            elif event["field"] == audio_field:
+                pcm = self._pcm16(event["value"])
+                if pcm is None:
+                    break
+                pieces.append(pcm)
             elif event["field"] == text_field:
                 if self.finish is not None:  # past the cap, waiting for the call's other outputs
                     continue
@@ -109,6 +129,21 @@ class Answer:
                 else:
                     self.flow[event["field"]] = summarize(event["value"])
         return pieces
+
+    def _pcm16(self, value: Any) -> bytes | None:
+        """An audio frame's samples as PCM16 bytes, or None with `failure` set (the role's to fix)."""
+        try:
+            pcm, rate = media.carried_pcm16(summarize(value, media=True), f"a frame of `{self.shape.audio_field}`")
+            if self.sample_rate not in (None, rate):
+                raise ValueError(
+                    f"a frame of `{self.shape.audio_field}` is at {rate} Hz, the ones before at {self.sample_rate} Hz"
+                )
+        except ValueError as error:
+            told = f"graph `{self.shape.graph}` cannot answer with audio: {error}; its role must send mono PCM16 audio"
+            self.failure = ChatError(500, told, None, "not_audio")
+            return None
+        self.sample_rate = rate
+        return pcm
 
     def _report(self, value: Any) -> None:
         """A Json output that reports on the generation (flowstd's `llm` sends one): its
@@ -147,29 +182,33 @@ class Answer:
             return "error", self.failure
         if self.finish is not None:
             return self.finish, None
-        done = self.done or {"status": "cancelled", "errors": [], "reason": "client gone"}
-        errors = done.get("errors") or []
-        if done["status"] == "ok" and not errors:
-            return self.reported_finish or "stop", None
-        graph = self.shape.graph
-        if errors and done["status"] != "ok" and all(e.get("bad_input") for e in errors):  # the caller's to fix
-            told = "; ".join((f"role `{e['role']}`: " if e["role"] else "") + e["message"] for e in errors)
-            return "error", ChatError(400, f"the request cannot be served: {told}", None, "bad_input")
-        if errors:  # a role failed, even one whose frames had reached the caller already
-            told = "; ".join(
-                (f"role `{e['role']}` (interface `{e['interface']}`): " if e["role"] else "")  # (else the deployment's)
-                + e["message"]
-                + (f" at {e['where']}" if e["where"] else "")
-                for e in errors
-            )
-            return "error", ChatError(500, f"graph `{graph}` failed: {told}", None, "role_error")
-        reason = done.get("reason", "")
-        status, code = ENDINGS.get(reason, (500, "call_failed"))
-        if reason in ENDING_MESSAGES:
-            return "error", ChatError(status, ENDING_MESSAGES[reason].format(graph=graph), None, code)
-        return "error", ChatError(
-            status, f"graph `{graph}`'s call ended {done['status']} ({reason or 'no reason given'})", None, code
+        error = call_error(self.done, self.shape.graph)
+        return ("error", error) if error is not None else (self.reported_finish or "stop", None)
+
+
+def call_error(done: dict[str, Any] | None, graph: str) -> ChatError | None:
+    """What a call's `done` event (as clients see it; None: the call never ended) means for an
+    OpenAI client: None when it ended well, else OpenAI's error."""
+    done = done or {"status": "cancelled", "errors": [], "reason": "client gone"}
+    errors = done.get("errors") or []
+    if done["status"] == "ok" and not errors:
+        return None
+    if errors and done["status"] != "ok" and all(e.get("bad_input") for e in errors):  # the caller's to fix
+        told = "; ".join((f"role `{e['role']}`: " if e["role"] else "") + e["message"] for e in errors)
+        return ChatError(400, f"the request cannot be served: {told}", None, "bad_input")
+    if errors:  # a role failed, even one whose frames had reached the caller already
+        told = "; ".join(
+            (f"role `{e['role']}` (interface `{e['interface']}`): " if e["role"] else "")  # (else the deployment's)
+            + e["message"]
+            + (f" at {e['where']}" if e["where"] else "")
+            for e in errors
         )
+        return ChatError(500, f"graph `{graph}` failed: {told}", None, "role_error")
+    reason = done.get("reason", "")
+    status, code = ENDINGS.get(reason, (500, "call_failed"))
+    if reason in ENDING_MESSAGES:
+        return ChatError(status, ENDING_MESSAGES[reason].format(graph=graph), None, code)
+    return ChatError(status, f"graph `{graph}`'s call ended {done['status']} ({reason or 'no reason given'})", None, code)
 
 
 class Reply:
@@ -177,8 +216,9 @@ class Reply:
 
     def __init__(self, chat: ChatRequest, roots: tuple = ()):
         self.chat = chat
-        self.answer = Answer(chat.shape, chat.limit, roots=roots)
+        self.answer = Answer(chat.shape, chat.limit, roots=roots, audio=chat.audio_format is not None)
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.audio_id = f"audio_{uuid.uuid4().hex}"
         self.created = int(time.time())
 
     def _object(self, kind: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -197,15 +237,24 @@ class Reply:
 
     async def gathered(self, events: AsyncIterator[list[dict]]) -> web.Response:
         """The whole call as one `chat.completion` (or the HTTP error it ended with)."""
-        texts = []
+        pieces: list[str | bytes] = []
         async for batch in events:
-            texts += self.answer.take(batch)
+            pieces += self.answer.take(batch)
             if self.answer.over:
                 break
         finish, error = self.answer.ending()
         if error is not None:
             return error.response()
-        message = {"role": "assistant", "content": "".join(texts)}
+        text = "".join(p for p in pieces if isinstance(p, str))
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.answer.audio:  # as OpenAI's: the text is the audio's transcript
+            pcm = b"".join(p for p in pieces if isinstance(p, bytes))
+            if self.chat.audio_format == "wav":
+                pcm = media.encode_wav(pcm, self.answer.sample_rate or AUDIO_RATE)
+            data = base64.b64encode(pcm).decode("ascii")
+            expires = int(time.time()) + AUDIO_EXPIRES_S
+            message = {"role": "assistant", "content": None}
+            message["audio"] = {"id": self.audio_id, "data": data, "expires_at": expires, "transcript": text}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         return web.json_response(self._object("chat.completion", [choice], usage=self.usage(), flow=self.answer.flow))
 
@@ -218,7 +267,7 @@ class Reply:
             async for batch in events:
                 pieces = answer.take(batch)
                 if pieces:
-                    data = b"".join([self._chunk({"content": piece}) for piece in pieces])
+                    data = b"".join([self._chunk(self._delta(piece)) for piece in pieces])
                     if response is None:
                         response = web.StreamResponse(headers=STREAM_HEADERS)
                         await response.prepare(request)
@@ -244,6 +293,15 @@ class Reply:
         await response.write_eof(self._ending())
         return response
 
+    def _delta(self, piece: str | bytes) -> dict[str, Any]:
+        """One piece as a chunk's `delta`: text as `content` (or, answering with audio, as the
+        audio's `transcript`, as OpenAI's), audio as base64 PCM16 `data`."""
+        if isinstance(piece, bytes):
+            return {"audio": {"id": self.audio_id, "data": base64.b64encode(piece).decode("ascii")}}
+        if self.answer.audio:
+            return {"audio": {"id": self.audio_id, "transcript": piece}}
+        return {"content": piece}
+
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
         if self.chat.include_usage:
             extra.setdefault("usage", None)  # as OpenAI's: null on every chunk but the usage chunk
@@ -262,6 +320,8 @@ class Reply:
 
 
 STREAM_HEADERS = {"Content-Type": SSE, "Cache-Control": "no-cache"}
+AUDIO_EXPIRES_S = 3600  # `message.audio.expires_at`: OpenAI's; nothing here is kept, the value is informative
+AUDIO_RATE = 24000  # the WAV header's rate when the answer holds no audio frame at all
 DONE = b"data: [DONE]\n\n"
 
 
@@ -274,7 +334,8 @@ def _sse(body: dict[str, Any]) -> bytes:
 
 # ── the routes ──
 
-PATHS = "POST /v1/chat/completions, GET /v1/models, GET /v1/models/MODEL"
+POSTS = ("/v1/chat/completions", "/v1/images/generations", "/v1/audio/speech", "/v1/embeddings")
+PATHS = ", ".join(f"POST {path}" for path in POSTS) + ", GET /v1/models, GET /v1/models/MODEL"
 
 
 class ChatEndpoint:
@@ -285,32 +346,39 @@ class ChatEndpoint:
         self.admission, self.owners, self.body_timeout = admission, owners, body_timeout
         self.roots = tuple(runtime.bundle.python_path)
         self.shapes = {graph: chat_shape(runtime, graph) for graph in sorted(runtime.bundle.plan["graphs"])}
+        self.fields: dict[str, dict[str, dict[str, str]]] = {}  # graph -> endpoint -> the fields it reads
+        for graph, shape in self.shapes.items():
+            recorded = served(runtime, graph)
+            if recorded is not None:
+                self.fields[graph] = dict(recorded)
+            elif isinstance(shape, ChatShape):  # (a bundle from a flowc that recorded no endpoints)
+                self.fields[graph] = {"chat": {"text": shape.text_field}}
         self.created = int(time.time())
 
-    def known(self) -> str:
-        return ", ".join(graph for graph, shape in self.shapes.items() if isinstance(shape, ChatShape)) or "none"
+    def known(self, endpoint: str = "chat") -> str:
+        return ", ".join(graph for graph, fields in self.fields.items() if endpoint in fields) or "none"
 
     def _model(self, graph: str) -> dict[str, Any]:
-        return {"id": graph, "object": "model", "created": self.created, "owned_by": OWNER}
+        endpoints = sorted(self.fields.get(graph, ()))
+        return {"id": graph, "object": "model", "created": self.created, "owned_by": OWNER, "endpoints": endpoints}
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [self._model(graph) for graph, shape in self.shapes.items() if isinstance(shape, ChatShape)]
+        data = [self._model(graph) for graph, fields in self.fields.items() if fields]
         return web.json_response({"object": "list", "data": data})
 
     async def model(self, request: web.Request) -> web.Response:
         graph = request.match_info["model"]
-        shape = self.shapes.get(graph)
-        if not isinstance(shape, ChatShape):
-            why = shape if shape is not None else "no such graph"
-            raise ChatError(
-                404, f"the model `{graph}` does not exist: {why} (models: {self.known()})", "model", "model_not_found"
-            )
+        if not self.fields.get(graph):
+            shape = self.shapes.get(graph)
+            why = shape if isinstance(shape, str) else "no such graph"
+            models = ", ".join(g for g, fields in self.fields.items() if fields) or "none"
+            raise ChatError(404, f"the model `{graph}` does not exist: {why} (models: {models})", "model", "model_not_found")
         return web.json_response(self._model(graph))
 
     async def elsewhere(self, request: web.Request) -> web.Response:
         """Any other path under /v1, or a method these paths do not answer."""
         path = request.path
-        allowed = {"/v1/chat/completions": "POST", "/v1/models": "GET"}.get(path)
+        allowed = {"/v1/models": "GET", **dict.fromkeys(POSTS, "POST")}.get(path)
         if allowed is None and path.startswith("/v1/models/") and path.count("/") == 3:
             allowed = "GET"  # (`/v1/models/` itself names no model)
         if allowed is None or allowed == request.method:
@@ -318,13 +386,18 @@ class ChatEndpoint:
         error = ChatError(405, f"{path} does not answer {request.method}; it answers {allowed}", None, "method_not_allowed")
         return web.json_response(error.body(), status=405, headers={"Allow": allowed})
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def body(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The request's JSON object, or the front door's refusal (a slow body, a draining server)."""
         try:
-            body = await read_body(request, self.body_timeout)
+            return parse_body(await read_body(request, self.body_timeout))
         except Refused as refused:
             return _refusal(refused)
-        chat = parse_request(parse_body(body), self.shapes, request.headers)
-        session = chat.session
+
+    async def admitted(
+        self, request: web.Request, session: str | None, answer: Callable[[], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """`answer()` once the call has a place and, where it names one, its session is the
+        caller's; 400, 403 or OpenAI's 429/503 otherwise."""
         if session is not None and reserved(session):
             raise ChatError(400, f"the session (`X-Flow-Session` or `user`): {reserved(session)}", "user", "invalid_session")
         try:
@@ -332,12 +405,19 @@ class ChatEndpoint:
                 if session is not None and not self.owners.claim(session, request[PRINCIPAL]):
                     raise ChatError(403, refused_session(session), "user", "session_not_yours", "permission_error")
                 try:
-                    return await self._answer(request, chat)
+                    return await answer()
                 finally:
                     if session is not None:
                         self.owners.release(session)
         except Refused as refused:
             return _refusal(refused)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self.body(request)
+        if isinstance(body, web.Response):
+            return body
+        chat = parse_request(body, self.shapes, request.headers)
+        return await self.admitted(request, chat.session, lambda: self._answer(request, chat))
 
     async def _answer(self, request: web.Request, chat: ChatRequest) -> web.StreamResponse:
         try:
@@ -359,42 +439,3 @@ def _refusal(refused: Refused) -> web.Response:
     kind = "rate_limit_exceeded" if refused.status == 429 else "invalid_request_error" if refused.status < 500 else "server_error"
     error = ChatError(refused.status, refused.message, None, refused.code, kind)
     return web.json_response(error.body(), status=refused.status, headers=refused.headers())
-
-
-def openai_errors(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-    """Answer a handler's ChatError, a body over the limit and a bug in flowrt with OpenAI's
-    error object (a client gone and cancellation pass through to aiohttp)."""
-
-    async def answering(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ChatError as error:
-            return error.response()
-        except web.RequestPayloadError as error:  # e.g. `Content-Encoding: gzip` on a body that is not gzip
-            told = " ".join(str(error).split()).removeprefix("400, message: ")  # (aiohttp's wording)
-            message = f"the body could not be read ({told}); send it as its Content-Encoding and Transfer-Encoding say"
-            return ChatError(400, message).response()
-        except web.HTTPRequestEntityTooLarge as error:
-            message = f"the body is larger than the server's limit ({error.text}); send a smaller body or raise --max-body-mb"
-            return ChatError(413, message, None, "body_too_large").response()
-        except ConnectionError:
-            raise
-        except Exception as error:  # noqa: BLE001 - a bug in flowrt: logged with its traceback, answered as JSON
-            log.exception("internal error answering %s %s", request.method, request.path)
-            message = hide_paths(
-                f"internal error: {type(error).__name__}: {error}; this is a bug in flowrt, the server's log has the traceback"
-            )
-            return ChatError(500, message, None, "internal_error").response()
-
-    return answering
-
-
-def add_routes(app: web.Application, runtime: Runtime, admission: Admission, owners: SessionOwners, body_timeout: float) -> None:
-    """Register the /v1 paths on the gateway's application (flowrt.gateway.http does), sharing
-    its admission (places for calls) and its session owners."""
-    endpoint = ChatEndpoint(runtime, admission, owners, body_timeout)
-    app.router.add_post("/v1/chat/completions", openai_errors(endpoint.chat_completions))
-    app.router.add_get("/v1/models", openai_errors(endpoint.models))
-    app.router.add_get("/v1/models/{model}", openai_errors(endpoint.model))
-    app.router.add_route("*", "/v1", openai_errors(endpoint.elsewhere))
-    app.router.add_route("*", "/v1/{tail:.*}", openai_errors(endpoint.elsewhere))

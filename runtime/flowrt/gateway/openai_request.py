@@ -26,8 +26,9 @@ UNSUPPORTED = {
     "top_logprobs": "graphs report no log probabilities",
     "tools": "graphs answer with text, never with tool calls",
     "functions": "graphs answer with text, never with function calls",
-    "audio": "graphs answer with text, never with audio",
 }
+MODALITIES = ("text", "audio")
+AUDIO_FORMATS = ("wav", "pcm16")  # what `audio.format` may ask for: a streamed answer sends pcm16
 
 
 class ChatError(Exception):
@@ -54,10 +55,37 @@ class ChatShape:
     whole_body: bool  # a Json entry gets the request body; a Text entry, the last user message
     text_field: str  # a stream's frames are one chunk each; a return is one chunk
     declared: bool  # the bundle records the field's type as Text (else its values are checked)
+    audio_field: str | None = None  # an Audio output: `message.audio` when the request asks for it
+
+
+def served(runtime: Runtime, graph: str) -> dict[str, dict[str, str]] | None:
+    """The OpenAI endpoints the compiler recorded for `graph` with the fields each reads
+    (bundle.json `graphs.G.endpoints`, flowc.check.endpoints), or None from an older flowc."""
+    summary = runtime.bundle.manifest.get("graphs", {}).get(graph, {})
+    endpoints = summary.get("endpoints") if isinstance(summary, dict) else None
+    return endpoints if isinstance(endpoints, dict) else None
 
 
 def chat_shape(runtime: Runtime, graph: str) -> ChatShape | str:
     """The graph's ChatShape, or why the chat endpoint cannot drive it."""
+    endpoints = served(runtime, graph)
+    fields = (endpoints or {}).get("chat")
+    if fields is not None:
+        entry = runtime.bundle.plan["graphs"][graph]["entry"][0]
+        entry_type = runtime.entry_types.get(graph, {}).get(entry, "Json")
+        return ChatShape(graph, entry, entry_type != "Text", fields["text"], True, fields.get("audio"))
+    if endpoints:
+        shown = ", ".join(endpoints)
+        return f"graph `{graph}` serves {shown}, not chat (its `serves` in the .flow says which endpoints serve it)"
+    shape = _undeclared_chat_shape(runtime, graph)
+    if isinstance(shape, ChatShape) and endpoints is not None:  # the compiler found no chat shape
+        return f"graph `{graph}` cannot be a chat model (`flowc check` says why when it declares `serves chat`)"
+    return shape
+
+
+def _undeclared_chat_shape(runtime: Runtime, graph: str) -> ChatShape | str:
+    """A chat shape worked out from the plan: for a bundle from a flowc that recorded no
+    endpoints, and the reason a graph cannot be one."""
     plan = runtime.bundle.plan["graphs"][graph]
     summary = runtime.bundle.manifest.get("graphs", {}).get(graph, {})
     entry = list(plan["entry"])
@@ -96,6 +124,7 @@ class ChatRequest:
     include_usage: bool
     session: str | None
     limit: int | None  # content chunks at most (max_tokens)
+    audio_format: str | None = None  # `wav` or `pcm16` when the answer carries audio (`modalities`)
 
 
 def kind_of(value: Any) -> str:
@@ -248,6 +277,49 @@ def check_sampling(body: dict[str, Any]) -> None:
             )
 
 
+def session_of(body: dict[str, Any], headers: Any) -> str | None:
+    """The call's session: the `X-Flow-Session` header, else OpenAI's `user`, else none."""
+    user = _optional(body, "user", str, "a string")
+    return headers.get("X-Flow-Session") or user or None
+
+
+def check_audio(body: dict[str, Any], shape: ChatShape, stream: bool) -> str | None:
+    """The audio format asked for (`modalities: ["text", "audio"]` with `audio: {"voice", "format"}`),
+    None when the answer is text alone; ChatError naming the parameter and the fix."""
+    modalities = body.get("modalities")
+    if modalities is not None and (
+        not isinstance(modalities, list) or not modalities or any(m not in MODALITIES for m in modalities)
+    ):
+        raise ChatError(400, f'`modalities` must be ["text"] or ["text", "audio"], not {json.dumps(modalities)}', "modalities")
+    audio = body.get("audio")
+    wants_audio = modalities is not None and "audio" in modalities
+    if not wants_audio:
+        if audio is not None:
+            raise ChatError(400, '`audio` needs `modalities: ["text", "audio"]`', "audio")
+        return None
+    if shape.audio_field is None:
+        raise ChatError(
+            400,
+            f"the model `{shape.graph}` answers with text only: it has no `Audio` output; leave `audio` out of `modalities`",
+            "modalities",
+            "model_not_supported",
+        )
+    wanted = f'{{"voice": "alloy", "format": "{"pcm16" if stream else "wav"}"}}'
+    if not isinstance(audio, dict):
+        raise ChatError(400, f"`modalities` asks for audio: send `audio` as an object such as {wanted}", "audio")
+    voice = audio.get("voice")
+    if voice is not None and not isinstance(voice, (str, dict)):
+        raise ChatError(400, f"`audio.voice` must be a voice's name, not {kind_of(voice)}", "audio.voice")
+    audio_format = audio.get("format")
+    if audio_format not in AUDIO_FORMATS:
+        raise ChatError(
+            400, f"`audio.format` must be one of {', '.join(AUDIO_FORMATS)}, not {json.dumps(audio_format)}", "audio.format"
+        )
+    if stream and audio_format != "pcm16":
+        raise ChatError(400, '`stream: true` sends audio as `pcm16` chunks: ask for `audio.format` "pcm16"', "audio.format")
+    return audio_format
+
+
 def _limit(body: dict[str, Any], name: str) -> int | None:
     value = _optional(body, name, int, "a whole number greater than 0")
     if value is not None and value < 1:
@@ -287,9 +359,9 @@ def parse_request(body: dict[str, Any], shapes: dict[str, ChatShape | str], head
         )
     limits = [_limit(body, name) for name in ("max_completion_tokens", "max_tokens")]  # OpenAI's newer name first
     limit = next((value for value in limits if value is not None), None)
-    user = _optional(body, "user", str, "a string")
-    session = headers.get("X-Flow-Session") or user or None
+    session = session_of(body, headers)
     if shape.whole_body:
         check_depth(body, model)
+    audio_format = check_audio(body, shape, stream)
     entry_value = body if shape.whole_body else last_user_text(messages, model)
-    return ChatRequest(shape, entry_value, stream, bool(include_usage), session, limit)
+    return ChatRequest(shape, entry_value, stream, bool(include_usage), session, limit, audio_format)

@@ -199,8 +199,11 @@ def decoded_image(source: Any, where: str) -> ImagePayload:
 
 
 def _segments(request: Any) -> list[tuple[str, Any]]:
-    """The request's segments, each with the name errors give it: {"segments": [...]}, or an OpenAI
-    chat body (or its list of messages), whose text and image parts become segments in order."""
+    """The request's segments, each with the name errors give it: {"segments": [...]}, an OpenAI
+    chat body (or its list of messages), whose text and image parts become segments in order, or
+    an OpenAI images body, whose `prompt` is the one text segment (text to image)."""
+    if isinstance(request, dict) and isinstance(request.get("prompt"), str) and "messages" not in request:
+        return [("the prompt", {"type": "text", "text": request["prompt"]})]
     if isinstance(request, dict) and "segments" in request:
         segments = request["segments"]
         if isinstance(segments, list) and segments:

@@ -9,6 +9,8 @@
     Thinker.generate         join {voice_prompt: 1, audio_emb: all} -> stream reply (text pieces),
                              spoken (each sampled id, for the talker), then turn (the counts)
     Talker.speak             spoken -> stream speech (PCM16 chunks of a streaming vocoder)
+    Reader.read              speech_text -> stream spoken: the text's own ids (lib/speech.flow:
+                             text to speech through the same talker)
 
 The thinker is flowrt's reference engine (vocabulary of flowstd's tokenizer, hidden 64, lib/
 kvcache.flow's K/V shape), driven by a `PlannedGenerator` from `PrefixMatcher` plans over the
@@ -487,6 +489,22 @@ class Thinker:
                 "reply_tokens": generated,
             }
         }
+
+
+class Reader:
+    """Text to speech (lib/speech.flow): the text's token ids, each as a `spoken` frame for the
+    talker, as the thinker sends its reply's; the talker's speech is that of the text itself."""
+
+    async def setup(self, ctx) -> None:
+        self.tokenizer = VoiceRuntime.shared().tokenizer
+
+    async def read(self, ctx, speech_text):
+        text = speech_text.get("input") if isinstance(speech_text, dict) else speech_text  # (an OpenAI speech body)
+        if not isinstance(text, str) or not text.strip():
+            raise VoiceInputError("the text to speak is empty: send a string with words in it (`input`)")
+        ids = self.tokenizer.encode(text)
+        for index, token in enumerate(ids):
+            yield {"spoken": {"token": token, "index": index, "last": index == len(ids) - 1}}
 
 
 @dataclass

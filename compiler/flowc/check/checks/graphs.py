@@ -1,10 +1,11 @@
-"""Checks on graph declarations: entries are placeholders, outputs have producers."""
+"""Checks on graph declarations: entries are placeholders, outputs have producers, and a graph
+can fill the OpenAI endpoints it `serves` (flowc.check.endpoints decides what each needs)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from flowc.check import schema
+from flowc.check import endpoints, schema
 from flowc.check.checks.common import repeated, repeats, text, unique
 from flowc.check.model import GraphInfo, Program
 from flowc.check.registry import Check, register
@@ -85,3 +86,29 @@ class GraphOutputs(Check):
                     yield Diagnostic(
                         "E172", f"graph `{graph.name}` outputs `{name.text}`, which no interface produces", name.span, hint
                     )
+
+
+@register
+class Endpoints(Check):
+    codes = {
+        "E177": "graph `serves` an endpoint whose entry it does not take (one Text or Json value)",
+        "E178": "graph `serves` an endpoint whose output it lacks",
+    }
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        for graph in program.graphs.values():
+            setting = endpoints.serves_setting(graph)
+            if setting is None:
+                continue
+            for problem in endpoints.problems(program, graph):
+                values = setting.values[0].items if isinstance(setting.values[0], ast.ListValue) else setting.values
+                place = next((v for v in values if getattr(v, "name", None) == problem.endpoint), setting.key)
+                path = endpoints.PATHS[problem.endpoint]
+                if problem.kind == "entry":
+                    code, hint = "E177", f"{path} fills one entry: give the graph one `entry`, a `Text` or `Json` placeholder"
+                else:
+                    need = next(n for n in endpoints.NEEDS[problem.endpoint] if not n.optional)
+                    hint = f"stream or return a field declared {need.described}, or take `{problem.endpoint}` out of `serves`"
+                    code = "E178"
+                message = f"graph `{graph.name}` serves `{problem.endpoint}` ({path}), but {problem.message}"
+                yield Diagnostic(code, message, place.span, hint)

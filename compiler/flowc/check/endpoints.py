@@ -1,0 +1,137 @@
+"""Which OpenAI endpoints a graph serves (`serves chat, images, speech, embeddings` in a graph;
+docs/openai.md), and which of its fields each endpoint reads. One place decides it: the check
+`Endpoints` (flowc.check.checks.graphs) reports a graph that cannot fill an endpoint it
+declares, and codegen records the fields in bundle.json (`graphs.G.endpoints`), which is all the
+runtime reads. A graph that declares no `serves` is served as a chat model when it can be one
+(an OpenAI client could always drive such a graph), and by no other endpoint.
+
+Every endpoint fills one entry, `Text` (the prompt, the input text, the last user message) or
+`Json` (the whole request body). What each endpoint reads of the outputs (the first of the
+type, ordered streams before other streams before returns):
+
+    chat        `text`: a Text output; `audio`: an Audio output, when the graph has one
+                (sent as `message.audio` when the request asks for `modalities: ["audio"]`)
+    images      `image`: an Image output (sent as a PNG)
+    speech      `audio`: an Audio output (sent as a WAV file or raw PCM16)
+    embeddings  `vector`: a Tensor output, else a Json or list output (one vector per input)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from flowc.check.model import GraphInfo, Program
+from flowc.syntax import ast
+
+ENTRY_TYPES = ("Text", "Json", "Any")
+PATHS = {  # where each is served (flowrt.gateway)
+    "chat": "/v1/chat/completions",
+    "images": "/v1/images/generations",
+    "speech": "/v1/audio/speech",
+    "embeddings": "/v1/embeddings",
+}
+
+
+@dataclass(frozen=True)
+class Needs:
+    """One field an endpoint reads: its name in bundle.json, the types it takes (first match
+    wins, in this order) and whether the graph may lack it."""
+
+    key: str
+    types: tuple[str, ...]
+    optional: bool = False
+
+    def takes(self, type_name: str) -> bool:
+        return type_name in self.types or ("[]" in self.types and type_name.startswith("["))
+
+    @property
+    def described(self) -> str:
+        shown = [f"`{t}`" if t != "[]" else "a list type" for t in self.types]
+        return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+
+
+NEEDS: dict[str, tuple[Needs, ...]] = {
+    "chat": (Needs("text", ("Text",)), Needs("audio", ("Audio",), optional=True)),
+    "images": (Needs("image", ("Image",)),),
+    "speech": (Needs("audio", ("Audio",)),),
+    "embeddings": (Needs("vector", ("Tensor", "Json", "[]")),),
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a graph cannot serve an endpoint: `entry` (it does not take one Text or Json value)
+    or `output` (no output of a type the endpoint reads)."""
+
+    endpoint: str
+    kind: str
+    message: str
+
+
+def ranked_outputs(program: Program, graph: GraphInfo) -> list[tuple[str, str]]:
+    """The graph's (field, type) outputs in the order endpoints look at them: ordered streams,
+    other streams, returns (each in declaration order); a field no interface produces is left out."""
+    streams = [s for s in graph.streams if s.ordered] + [s for s in graph.streams if not s.ordered]
+    fields = [s.field.name.text for s in streams] + [r.name.text for r in graph.returns]
+    outputs = []
+    for name in fields:
+        producers = program.field(name).producers
+        if producers:
+            outputs.append((name, str(program.type_of(producers[0].decl.type))))
+    return outputs
+
+
+def declared(graph: GraphInfo) -> tuple[str, ...]:
+    return tuple(graph.config.get("serves", ()))
+
+
+def serves_setting(graph: GraphInfo) -> ast.Setting | None:
+    return next((s for s in graph.settings if s.key.text == "serves"), None)
+
+
+def _entry_problem(program: Program, graph: GraphInfo, endpoint: str) -> Problem | None:
+    entries = [e.text for e in graph.entries]
+    if len(entries) != 1:
+        return Problem(endpoint, "entry", f"it takes {len(entries)} entry values ({', '.join(entries) or 'none'}), not one")
+    placeholder = program.placeholders.get(entries[0])
+    if placeholder is None:  # E170 reports it
+        return Problem(endpoint, "entry", f"its entry `{entries[0]}` is not a placeholder")
+    entry_type = str(program.type_of(placeholder.type))
+    if entry_type not in ENTRY_TYPES:
+        return Problem(endpoint, "entry", f"its entry `{entries[0]}` is `{entry_type}`, not `Text` or `Json`")
+    return None
+
+
+def fields_for(program: Program, graph: GraphInfo, endpoint: str) -> dict[str, str] | Problem:
+    """The fields `endpoint` reads of `graph` ({"text": "token", ...}), or why it cannot serve it."""
+    problem = _entry_problem(program, graph, endpoint)
+    if problem is not None:
+        return problem
+    outputs = ranked_outputs(program, graph)
+    fields = {}
+    for need in NEEDS[endpoint]:
+        found = next((name for name, type_name in outputs if need.takes(type_name)), None)
+        if found is not None:
+            fields[need.key] = found
+        elif not need.optional:
+            shown = ", ".join(f"{n}: {t}" for n, t in outputs) or "none"
+            return Problem(endpoint, "output", f"it has no {need.described} output (its outputs: {shown})")
+    return fields
+
+
+def endpoints_of(program: Program, graph: GraphInfo) -> dict[str, dict[str, str]]:
+    """What bundle.json records: each endpoint the graph serves with the fields it reads. A graph
+    without `serves` gets `chat` when it can fill it."""
+    wanted = declared(graph) or ("chat",)
+    found = {endpoint: fields_for(program, graph, endpoint) for endpoint in wanted if endpoint in NEEDS}
+    return {endpoint: fields for endpoint, fields in sorted(found.items()) if isinstance(fields, dict)}
+
+
+def problems(program: Program, graph: GraphInfo) -> Iterator[Problem]:
+    """Each endpoint the graph declares and cannot serve."""
+    for endpoint in dict.fromkeys(declared(graph)):
+        if endpoint in NEEDS:
+            found = fields_for(program, graph, endpoint)
+            if isinstance(found, Problem):
+                yield found
