@@ -7,8 +7,12 @@ In ONE run, alternating batches (so machine drift hits both alike), it measures:
   keep-alive loopback connection, one request at a time (CPU µs per request of the server
   process, from /proc/PID/stat, so the client's own work is not counted), and how many
   HTTP chunks (one per server write after the headers) each answer came in; 0 is a plain
-  answer with a Content-Length, written at once.
-It prints the medians over batches and served/embedded, the ratio the goal is about (≤ 2).
+  answer with a Content-Length, written at once;
+- served with a key: the same, by a second server started with `--api-key` (and
+  `--prefix-scope key`, its default with keys), each request sending `Authorization: Bearer
+  KEY` (issue 32: API-key checking costs at most 3%).
+It prints the medians over batches, served/embedded, the ratio the goal is about (≤ 2), and
+keyed/served.
 
     python bench/serve_overhead.py [--requests 2000] [--batches 7] [--profile]
 
@@ -35,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 REQUEST = json.loads((REPO / "examples" / "image_chat" / "request.json").read_text())
 TICK = os.sysconf("SC_CLK_TCK")
+API_KEY = "bench-key-0123456789abcdef0123456789"
 
 
 def build(out: Path) -> Path:
@@ -52,13 +57,15 @@ def cpu_seconds(pid: int) -> float:
 class Client:
     """One keep-alive HTTP/1.1 connection; reads chunked answers and counts their chunks."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int, key: str | None = None):
         self.sock = socket.create_connection((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.file = self.sock.makefile("rb")
         body = json.dumps(REQUEST).encode()
+        auth = f"Authorization: Bearer {key}\r\n" if key is not None else ""
         self.request = (
-            f"POST /graphs/chat HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"POST /graphs/chat HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n{auth}"
+            f"Content-Length: {len(body)}\r\n\r\n"
         ).encode() + body
 
     def call(self) -> tuple[int, bytes]:
@@ -89,11 +96,11 @@ class Client:
         self.sock.close()
 
 
-def start_server(bundle: Path, profile: Path | None = None) -> tuple[subprocess.Popen, str, int]:
+def start_server(bundle: Path, profile: Path | None = None, *options: str) -> tuple[subprocess.Popen, str, int]:
     command = [sys.executable]
     if profile is not None:
         command += ["-m", "cProfile", "-o", str(profile)]
-    command += ["-m", "flowc", "run", str(bundle), "--http", "127.0.0.1:0"]
+    command += ["-m", "flowc", "run", str(bundle), "--http", "127.0.0.1:0", *options]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     banner = process.stdout.readline()
     assert banner.startswith("serving "), banner + process.stderr.read()
@@ -133,24 +140,30 @@ def measure(requests: int, batches: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         bundle = build(Path(scratch))
         process, host, port = start_server(bundle)
+        keyed_process, keyed_host, keyed_port = start_server(bundle, None, "--api-key", API_KEY)
         client = Client(host, port)
+        keyed_client = Client(keyed_host, keyed_port, API_KEY)
         loop = asyncio.new_event_loop()
         try:
             runtime = loop.run_until_complete(Runtime.open(bundle))
-            served_batch(process, client, 50)  # warm both up
+            served_batch(process, client, 50)  # warm them up
+            served_batch(keyed_process, keyed_client, 50)
             loop.run_until_complete(embedded_batch(runtime, 50))
-            embedded, served, chunks = [], [], []
+            embedded, served, keyed, chunks = [], [], [], []
             for _ in range(batches):
                 embedded.append(loop.run_until_complete(embedded_batch(runtime, requests)))
                 cpu, per_answer = served_batch(process, client, requests)
                 served.append(cpu)
                 chunks.append(per_answer)
+                keyed.append(served_batch(keyed_process, keyed_client, requests)[0])
             loop.run_until_complete(runtime.close())
         finally:
             client.close()
+            keyed_client.close()
             stop_server(process)
+            stop_server(keyed_process)
             loop.close()
-    e, s = statistics.median(embedded), statistics.median(served)
+    e, s, k = statistics.median(embedded), statistics.median(served), statistics.median(keyed)
     print(
         f"requests per batch: {requests}, batches: {batches} (alternating), 8 events per call (6 streamed tokens, 1 return, done)"
     )
@@ -158,7 +171,13 @@ def measure(requests: int, batches: int) -> None:
     print("|---|---:|---:|---:|---:|")
     print(f"| embedded `Runtime.call` | {e:.0f} | {min(embedded):.0f} | {max(embedded):.0f} | - |")
     print(f"| served (server process) | {s:.0f} | {min(served):.0f} | {max(served):.0f} | {statistics.median(chunks):.1f} |")
+    print(f"| served with --api-key (server process) | {k:.0f} | {min(keyed):.0f} | {max(keyed):.0f} | - |")
     print(f"served/embedded = {s / e:.2f}x (goal: ≤ 2x)")
+    ratios = [b / a for a, b in zip(served, keyed, strict=True)]  # (per batch pair: the same moment's drift)
+    print(
+        f"served with --api-key/served = {k / s:.3f}x of the medians; per batch pair median {statistics.median(ratios):.3f}x "
+        f"(goal: ≤ 1.03x)"
+    )
 
 
 def profile(requests: int) -> None:

@@ -7,19 +7,29 @@
    call again.
 2. sessions: REQUESTS sequential calls of examples/image_chat, each with a new session (its llm
    keeps a history per session in the `kv` global), served with a cap on idle sessions.
+3. admission (issue 32): PROBES sequential calls of a cheap graph (and as many `GET /graphs`)
+   on one keep-alive connection, timed by the client, first with nothing else in flight, then
+   while HELD concurrent slow calls (each sleeps until the bench lets it go) are held: under
+   `--max-in-flight 8 --max-queue 8` (16 held, the rest refused 429 at once; the cheap call,
+   finding no place, is answered 429 too) and with no limits (every slow call held, the cheap
+   call runs). It prints p50/p99 per phase and loaded/unloaded, side by side (goal: ≤ 2x).
 
 It prints calls, disconnects, /stats and the server's RSS before and after each part.
 
     python bench/serve_stress.py [--rounds 10] [--clients 100] [--requests 40000] [--max-sessions 1000]
+                                 [--held 100] [--probes 2000]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
+import select
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +71,47 @@ class Ticker:
 """
 
 
+ADMISSION = """
+flow admission
+
+placeholder request: Json
+
+role sleeper {
+    impl "admission_roles:Sleeper"
+    interface nap { in request  out rested: Json }
+}
+
+role quick {
+    impl "admission_roles:Quick"
+    interface answer { in request  out answer: Json }
+}
+
+graph slow {
+    entry  request
+    return rested
+}
+
+graph cheap {
+    entry  request
+    return answer
+}
+"""
+ADMISSION_ROLES = """
+import asyncio
+
+
+class Sleeper:
+    async def nap(self, ctx, request):
+        await asyncio.sleep(request.get("seconds", 600))  # cancelled when its client goes away
+        return {"rested": True}
+
+
+class Quick:
+    async def answer(self, ctx, request):
+        return {"answer": request.get("n", 0)}
+"""
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -91,9 +142,10 @@ def request(path: str, body: dict, session: str | None, close: bool = False) -> 
     return head.encode() + b"\r\n" + data
 
 
-def stats(port: int) -> dict:
+def stats(port: int, idle: bool = True) -> dict:
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(b"GET /stats?idle=10 HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        path = "/stats?idle=10" if idle else "/stats"
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n".encode())
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
@@ -213,6 +265,103 @@ def session_churn(scratch: Path, requests: int, max_sessions: int | None) -> Non
         stop(process)
 
 
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def probe(port: int, probes: int) -> dict[str, tuple[list[float], dict[int, int]]]:
+    """Client-timed ms of `probes` cheap calls and `probes` GET /graphs, interleaved, on one
+    keep-alive connection: {what: (times, statuses counted)}."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = json.dumps({"request": {"n": 1}}).encode()
+    found: dict[str, tuple[list[float], dict[int, int]]] = {"POST /graphs/cheap": ([], {}), "GET /graphs": ([], {})}
+    for _ in range(probes):
+        for what, (times, statuses) in found.items():
+            method, path = what.split()
+            began = time.perf_counter()
+            connection.request(
+                method, path, body=body if method == "POST" else None, headers={"Content-Type": "application/json"}
+            )
+            answer = connection.getresponse()
+            answer.read()
+            times.append((time.perf_counter() - began) * 1e3)
+            statuses[answer.status] = statuses.get(answer.status, 0) + 1
+    connection.close()
+    return found
+
+
+def hold(port: int, count: int) -> tuple[list[socket.socket], list[int]]:
+    """`count` slow calls sent at once, each on a connection of its own, once the server has
+    taken or refused every one (/stats): (the connections, the statuses of the answered ones,
+    the refused; the held ones stay unanswered while they sleep)."""
+    body = json.dumps({"request": {"seconds": 600}}).encode()
+    head = f"POST /graphs/slow HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+    for sock in sockets:
+        sock.sendall(head.encode() + body)
+    deadline = time.monotonic() + 60
+    while True:
+        told = stats(port, idle=False)
+        if told["admitted_running"] + told["admission_waiting"] + told["refused_calls"] >= count:
+            break
+        assert time.monotonic() < deadline, f"the slow calls were not all taken or refused: {told}"
+        time.sleep(0.05)
+    refused, waiting = [], set(sockets)
+    while waiting and (readable := select.select(list(waiting), [], [], 0.5)[0]):
+        for sock in readable:
+            refused.append(int(sock.recv(65536).split(b" ", 2)[1]))
+            waiting.discard(sock)
+    return sockets, refused
+
+
+def admission(scratch: Path, held: int, probes: int) -> None:
+    (scratch / "admission.flow").write_text(ADMISSION)
+    (scratch / "admission_roles.py").write_text(ADMISSION_ROLES)
+    bundle = scratch / "admission_bundle"
+    subprocess.run(
+        [sys.executable, "-m", "flowc", "build", str(scratch / "admission.flow"), "-o", str(bundle)],
+        check=True,
+        capture_output=True,
+    )
+    rows = []
+    for limits in (["--max-in-flight", "8", "--max-queue", "8"], []):
+        process, port = start(bundle, *limits, "--grace", "0")
+        try:
+            probe(port, min(200, probes))  # warm up
+            unloaded = probe(port, probes)
+            sockets, refused = hold(port, held)
+            told = stats(port, idle=False)
+            loaded = probe(port, probes)
+            for sock in sockets:
+                sock.close()
+        finally:
+            stop(process)
+        name = " ".join(limits) or "no limits"
+        print(
+            f"admission, {name}: {held} slow calls sent, {len(refused)} answered at once "
+            f"({ {s: refused.count(s) for s in sorted(set(refused))} }), the rest held; "
+            f"/stats while held: admitted_running {told.get('admitted_running')}, "
+            f"admission_waiting {told.get('admission_waiting')}, refused_calls {told.get('refused_calls')}"
+        )
+        for what in unloaded:
+            (quiet, quiet_statuses), (busy, busy_statuses) = unloaded[what], loaded[what]
+            rows.append(
+                (name, what, quiet_statuses, busy_statuses, statistics.median(quiet), percentile(quiet, 0.99),
+                 statistics.median(busy), percentile(busy, 0.99))
+            )  # fmt: skip
+    print(f"probes per phase: {probes} of each, sequential, one keep-alive connection, client-timed")
+    print(
+        "| server | probe | statuses unloaded | statuses while held | p50 unloaded ms | p99 unloaded ms | p50 held ms | p99 held ms | p99 held/unloaded |"
+    )
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
+    for name, what, quiet_statuses, busy_statuses, q50, q99, b50, b99 in rows:
+        print(
+            f"| {name} | {what} | {quiet_statuses} | {busy_statuses} | {q50:.2f} | {q99:.2f} | {b50:.2f} | {b99:.2f} | "
+            f"{b99 / q99:.2f}x |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -220,12 +369,16 @@ def main() -> None:
     parser.add_argument("--anonymous", action="store_true", help="disconnecting clients send no session")
     parser.add_argument("--requests", type=int, default=40_000, help="calls of the session part (0: skip it)")
     parser.add_argument("--max-sessions", type=int, default=1000, help="0: the server's default")
+    parser.add_argument("--held", type=int, default=100, help="slow calls held in the admission part (0: skip it)")
+    parser.add_argument("--probes", type=int, default=2000, help="cheap calls timed per phase of the admission part")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         if args.rounds:
             disconnects(Path(scratch), args.rounds, args.clients, args.anonymous)
         if args.requests:
             session_churn(Path(scratch), args.requests, args.max_sessions)
+        if args.held:
+            admission(Path(scratch), args.held, args.probes)
 
 
 if __name__ == "__main__":

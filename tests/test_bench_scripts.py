@@ -51,10 +51,13 @@ def test_serve_overhead_bench_runs_both_paths():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "| embedded `Runtime.call` |" in result.stdout and "| served (server process) |" in result.stdout
     assert "served/embedded = " in result.stdout
+    assert "| served with --api-key (server process) |" in result.stdout and "served with --api-key/served = " in result.stdout
 
 
 def test_serve_stress_bench_leaves_nothing_behind_on_a_small_run():
-    result = run("bench/serve_stress.py", "--rounds", "1", "--clients", "8", "--requests", "40", "--max-sessions", "5")
+    result = run(
+        "bench/serve_stress.py", "--rounds", "1", "--clients", "8", "--requests", "40", "--max-sessions", "5", "--held", "0"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "calls cancelled by their client going away: 8" in result.stdout
     assert "statuses {'ok': 8}" in result.stdout and "'sessions': 5, 'idle_sessions': 5" in result.stdout
@@ -120,3 +123,12 @@ def test_plain_overlap_bench_runs_both_kinds_of_method():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "| plain def |" in result.stdout and "| async def |" in result.stdout
     assert "async def / plain def = " in result.stdout
+
+
+def test_serve_stress_admission_part_holds_and_refuses_as_the_limits_say():
+    result = run("bench/serve_stress.py", "--rounds", "0", "--requests", "0", "--held", "20", "--probes", "10")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "20 slow calls sent, 4 answered at once ({429: 4})" in result.stdout
+    assert "admitted_running 8, admission_waiting 8, refused_calls 4" in result.stdout
+    assert "| --max-in-flight 8 --max-queue 8 | POST /graphs/cheap | {200: 10} | {429: 10} |" in result.stdout
+    assert "| no limits | POST /graphs/cheap | {200: 10} | {200: 10} |" in result.stdout

@@ -1,7 +1,8 @@
 """Attacks between a deployment's processes, scripted against real `local` deployments on
 loopback (docs/security.md, "Between processes"): a forged Redis record pointing at an
 attacker's socket, a forged embedded-registry message, a crafted pickle sent to a replica's
-socket, a forged `Cancel` and a forged `Stop`. Each time: nothing executes, the attacker
+socket and to the memory manager's, a forged `Cancel` and a forged `Stop` (a rewritten KV page
+location: tests/params/test_ctx_kv.py). Each time: nothing executes, the attacker
 receives nothing, calls complete, the real replicas keep serving (same processes), and the
 attempt is counted (/stats, /metrics' flowrt_refused_total)."""
 
@@ -212,12 +213,26 @@ def test_a_crafted_pickle_a_forged_cancel_and_a_forged_stop_change_nothing(tmp_p
             other = intruder(context, address, plain=("gateway", keys.gateway_token))
             for act in range(1, 20):
                 other.send(m.encode(m.Cancel(m.VERSION, act)), zmq.NOBLOCK)
+            # the memory manager's ROUTER: the same pickle from peers without the deployment's keys
+            manager = supervisor.memory.endpoint
+            before = deployment.memory_statistics()
+            managers = [
+                intruder(context, manager),  # no authentication at all
+                intruder(context, manager, plain=("member", "0" * 64)),  # a wrong token
+                intruder(context, manager, curve=(*zmq.curve_keypair(), keys.server_public.encode())),  # CURVE, no key
+            ]
+            for peer in managers:
+                peer.send_multipart([pickle.dumps(Boom(str(planted)))], zmq.NOBLOCK)
 
             loop = asyncio.get_running_loop()
             deadline, counts = loop.time() + 10, {}
-            while not (counts.get("peers", 0) >= 3 and counts.get("foreign_messages", 0) >= 1):
+            while not (
+                counts.get("worker/0", {}).get("peers", 0) >= 3
+                and counts.get("worker/0", {}).get("foreign_messages", 0) >= 1
+                and counts.get("memory-manager", {}).get("peers", 0) >= len(managers)
+            ):
                 assert loop.time() < deadline, counts
-                counts = (await scrape(deployment)).get("worker/0", {})
+                counts = await scrape(deployment)
             for events in await asyncio.gather(*slow):
                 assert events[-1]["status"] == "ok", events[-1]  # neither Cancel nor Stop reached them
             for n in range(4):
@@ -226,7 +241,9 @@ def test_a_crafted_pickle_a_forged_cancel_and_a_forged_stop_change_nothing(tmp_p
             assert not planted.exists()  # nothing was unpickled
             assert supervisor.pids() == pids and supervisor.restarted == 0
             assert (await deployment.statistics())["processes"]["worker/0"]["refused"]["peers"] >= 3
-            for peer in [*peers, other]:
+            after = deployment.memory_statistics()  # nothing of theirs reached the manager's decoder
+            assert after["refused"]["peers"] >= len(managers) and after["garbage_requests"] == before["garbage_requests"]
+            for peer in [*peers, other, *managers]:
                 peer.close(0)
             await assert_clean_everywhere(deployment)
 

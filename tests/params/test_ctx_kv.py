@@ -187,12 +187,30 @@ def point_pages_at_other_pages(server: redis.Redis, victim: str, other: str) -> 
     return rewritten
 
 
+GARBAGE = ("@not-a-slot", "@-3", "@99999999999", "@1,2", "@", "@ 7")
+
+
+def garble_locations(server: redis.Redis, session: str) -> int:
+    """Set every location field of session `session`'s pages to a value that names no slot. How many."""
+    (chain,) = [key for key in server.scan_iter("flowkv:*:chain:*") if key.endswith(f":{session}")]
+    prefix, _, rest = chain.partition(":chain:")
+    full = rest.rsplit(":", 1)[0]
+    rewritten = 0
+    for n, page in enumerate(server.lrange(chain, 0, -1)):
+        for member in server.hgetall(f"{prefix}:page:{full}:{page}"):
+            server.hset(f"{prefix}:page:{full}:{page}", member, GARBAGE[(n + rewritten) % len(GARBAGE)])
+            rewritten += 1
+    return rewritten
+
+
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (the CI machine has it)")
 def test_page_locations_rewritten_in_redis_change_no_answer_and_are_counted(tmp_path, monkeypatch):
     """Issue 32's attack on real processes: session `victim`'s page locations in the metadata Redis
     are made to point at the slots of session `other`'s pages (same provider). Turn 2 of victim on
     the other replica answers as without tampering (recomputed, not read), the mismatches are
-    counted (pool statistics and /metrics), and a fresh session on that replica answers right."""
+    counted (pool statistics and /metrics, `flowrt_refused_total{kind="mismatched_pages"}` too), a
+    fresh session on that replica answers right, and locations that name no slot at all (garbage
+    a Redis writer left) are misses on either replica, never a failed call."""
     port = free_port()
     monkeypatch.setenv("FLOWRT_KV_META", f"redis://127.0.0.1:{port}/0")
     history, others = list(range(1, 70)), list(range(500, 569))  # 4 full pages each, other values
@@ -229,6 +247,17 @@ def test_page_locations_rewritten_in_redis_change_no_answer_and_are_counted(tmp_
             assert any(
                 line.startswith("flowrt_kv_mismatched_pages_total{") and line.endswith(" 4.0") for line in text.splitlines()
             ), text
+            refused = [line for line in text.splitlines() if line.startswith("flowrt_refused_total{")]
+            assert any('kind="mismatched_pages"' in line and line.endswith(" 4.0") for line in refused), refused
+            # locations that are not slots at all (a Redis writer's garbage): a miss, never a failed call
+            server = redis.Redis(port=port, decode_responses=True)
+            try:
+                assert garble_locations(server, "victim") >= 4
+            finally:
+                server.close()
+            for _ in range(2):  # victim's next turns (the store matches within a session's chain), one on each replica
+                after = await reply(deployment, longer, "victim")
+                assert after["values"] == expected(longer), after
 
     with redis_server(port):
         asyncio.run(scenario())

@@ -21,7 +21,9 @@ turns into metric families (its docstring gives the shape), gathered when /metri
   server, registry records whose MAC did not verify (`forged_records`) and peers the embedded
   registry's socket refused (`peers`); in each replica, peers its socket refused (`peers`) and
   `Cancel`, `Credit` or `Stop` messages from a peer that does not own the activation or the
-  replica (`foreign_messages`), as it answers a probe.
+  replica (`foreign_messages`), as it answers a probe; in each memory manager, peers its socket
+  refused (`peers`); and in every process with KV pools, pages a peer's slot or a tier did not
+  hold as the metadata said (`mismatched_pages`, also kv_mismatched_pages above).
 """
 
 from __future__ import annotations
@@ -67,8 +69,12 @@ async def snapshot(deployment: Any) -> dict:
         security = supervisor.security()
         refused[SERVER] = {"forged_records": security["forged_records"], "peers": security["refused_peers"]}
         if supervisor.memory is not None:
-            tmp_buffer = _tmp_buffer(deployment.memory_statistics())
+            managers = deployment.memory_statistics()
+            tmp_buffer = _tmp_buffer(managers)
+            refused.update(_managers_refused(managers))
         moved = supervisor.remote.moved
+    for process, pages in mismatched.items():
+        refused.setdefault(process, {})["mismatched_pages"] = pages
     return {
         "replicas": replicas,
         "edges": edges(runtime.programs, moved),
@@ -142,6 +148,17 @@ def _tmp_buffer(stats: dict) -> dict[str, dict[str, int]]:
     for node, other in sorted(stats.get("nodes", {}).items()):  # (Ray: the other nodes' managers)
         if isinstance(other, dict) and "unanswered" not in other:
             found[f"{MANAGER}@{node}"] = {state: other.get(key, 0) for state, key in TMP_STATES.items()}
+    return found
+
+
+def _managers_refused(stats: dict) -> dict[str, dict[str, int]]:
+    """The peers each memory manager's socket refused, by process label (as `_tmp_buffer`'s)."""
+    found = {}
+    if "unanswered" not in stats:
+        found[MANAGER] = {"peers": stats.get("refused", {}).get("peers", 0)}
+    for node, other in sorted(stats.get("nodes", {}).items()):
+        if isinstance(other, dict) and "unanswered" not in other:
+            found[f"{MANAGER}@{node}"] = {"peers": other.get("refused", {}).get("peers", 0)}
     return found
 
 

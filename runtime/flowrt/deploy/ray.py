@@ -106,7 +106,7 @@ class MemoryActorBody:
         self.keys = Keys.from_config(config.get("keys"))
         self.manager = MemoryManager(config["pool_bytes"])
         self.context = zmq.Context()
-        self.guard = secured(self.context, config.get("keys"))
+        self.guard = self.manager.guard = secured(self.context, config.get("keys"))  # (its refusals: statistics())
         socket = self.context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.LINGER, 0)
         if self.guard is not None:

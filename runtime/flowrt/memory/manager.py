@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -79,6 +80,7 @@ class MemoryManager:
         self.requests = 0
         self.garbage = 0
         self.sweeps = 0
+        self.guard: Any = None  # the socket's ZAP handler (main's), whose refusals statistics() reports
 
     def close(self) -> None:
         self.reservation.close()
@@ -259,6 +261,7 @@ class MemoryManager:
         stats["requests"] = self.requests
         stats["garbage_requests"] = self.garbage
         stats["sweeps"] = self.sweeps
+        stats["refused"] = {"peers": self.guard.refused if self.guard is not None else 0}  # peers without the keys
         stats["clients"] = dict(sorted(self.clients.items()))
         stats["weights"] = {
             key: {"bytes": w.nbytes, "state": w.state, "users": len(w.users)} for key, w in sorted(self.weights.items())
@@ -279,9 +282,13 @@ def pool_has(pool: BufferPool, block: int) -> bool:
 
 
 def serve(manager: MemoryManager, socket: zmq.Socket, parent: int | None, stop=lambda: False) -> None:
-    """Answer requests until the parent process is gone (or `stop()` says so)."""
+    """Answer requests until the parent process is gone (or `stop()` says so); with the
+    manager's `guard`, count the peers whose handshake on `socket` failed as they fail."""
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
+    monitor = manager.guard.monitor(socket) if manager.guard is not None else None
+    if monitor is not None:
+        poller.register(monitor, zmq.POLLIN)
     next_sweep = time.monotonic() + SWEEP_EVERY
     while not stop():
         if poller.poll(int(SWEEP_EVERY * 1000)):
@@ -291,6 +298,8 @@ def serve(manager: MemoryManager, socket: zmq.Socket, parent: int | None, stop=l
                 except zmq.Again:
                     break
                 answer(manager, socket, frames)
+            if monitor is not None:
+                manager.guard.heard(monitor)
         if time.monotonic() >= next_sweep:
             next_sweep = time.monotonic() + SWEEP_EVERY
             try:
@@ -353,7 +362,7 @@ def main() -> int:
         )
         return 3
     context = zmq.Context()
-    guard = secured(context, config.get("keys"))
+    guard = manager.guard = secured(context, config.get("keys"))
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 0)
     try:

@@ -14,7 +14,7 @@ that returns a *snapshot*, plain values only:
      "kv_pages": {process: {tier: {state: pages}}},      # tier: L1, L2, L3
      "kv_mismatched_pages": {process: pages},            # slots below L1 that held another page
      "prefix_tokens": {role: {kind: tokens}},            # kind: hit, computed, recomputed
-     "refused": {process: {kind: count}}}                # kind: forged_records, peers, foreign_messages
+     "refused": {process: {kind: count}}}                # kind: forged_records, peers, foreign_messages, mismatched_pages
 
 Any key may be missing (nothing to report). `refresh()` gathers a snapshot (the gateway awaits
 it before each scrape), `collect()` turns the last one into metric families, and
@@ -110,7 +110,8 @@ class DeploymentMetrics:
             "flowrt_refused",
             "What a deployment's process refused from other processes, by kind: forged_records (registry records whose "
             "MAC did not verify under the deployment's key), peers (connections without the deployment's keys), "
-            "foreign_messages (Cancel, Credit or Stop from a peer that does not own the activation or the replica).",
+            "foreign_messages (Cancel, Credit or Stop from a peer that does not own the activation or the replica), "
+            "mismatched_pages (KV pages a slot did not hold as the metadata said: recomputed).",
             labels=["process", "kind"],
         )
         for process, kinds in sorted(snapshot.get("refused", {}).items()):

@@ -209,6 +209,22 @@ class Guard:
         loop.call_soon(self._events, monitor)  # (edge-triggered: what came before the reader)
         self.watched.append((sock, monitor, fd, loop))
 
+    def monitor(self, sock: zmq.Socket) -> zmq.Socket:
+        """Count every failed handshake on `sock` (bound) for a caller that polls for itself (the
+        memory manager's loop, which has no event loop): poll the returned socket with `sock`, and
+        call `heard(monitor)` when it is readable."""
+        address = f"inproc://flowrt-guard-{next(_monitors)}"
+        sock.monitor(address, FAILED_HANDSHAKES)
+        monitor = self.sync.socket(zmq.PAIR)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(address)
+        self.watched.append((sock, monitor, None, None))
+        return monitor
+
+    def heard(self, monitor: zmq.Socket) -> None:
+        """Count the failed handshakes `monitor` (from `monitor()`) has heard of."""
+        self._events(monitor)
+
     def _events(self, monitor: zmq.Socket) -> None:
         while not monitor.closed and monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
@@ -220,8 +236,9 @@ class Guard:
 
     def stop(self) -> None:
         for sock, monitor, fd, loop in self.watched:
-            with contextlib.suppress(Exception):
-                loop.remove_reader(fd)
+            if loop is not None:
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(fd)
             with contextlib.suppress(Exception):
                 sock.disable_monitor()
             monitor.close(0)

@@ -90,9 +90,21 @@ def prefix(deployment: str) -> str:
     return f"flowkv:{{{deployment}}}:"
 
 
+MAX_SLOT_DIGITS = 20  # up to 2**64: a longer run of digits names no slot
+
+
+def slot_value(text: str | None) -> int | None:
+    """A slot as a page field names it (a decimal string), else None: unknown. Whatever else is
+    there (a Redis writer's garbage) is unknown too, never an error: the slot a location names is
+    only a hint, checked against the slot's label before anything is read (flowrt.params.pool_verify)."""
+    if not text or len(text) > MAX_SLOT_DIGITS or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 def slot_values(reply: Sequence[str | None]) -> tuple[int | None, ...]:
     """Slots as the scripts answer them (decimal strings, nil where unknown) -> ints and None."""
-    return tuple(None if value is None else int(value) for value in reply)
+    return tuple(slot_value(value) for value in reply)
 
 
 class RedisStore(MetaStore):
@@ -297,7 +309,7 @@ class RedisStore(MetaStore):
             start, stop, k = int(reply[at]), int(reply[at + 1]), int(reply[at + 2])
             pairs = reply[at + 3 : at + 3 + 2 * k]
             at += 3 + 2 * k
-            slots = tuple(tuple(int(slot) if slot else None for slot in reply[at + j].split(",")) for j in range(k))
+            slots = tuple(tuple(slot_value(slot) for slot in reply[at + j].split(",")) for j in range(k))
             at += k
             providers = tuple(Provider(pairs[j + 1], pairs[j]) for j in range(0, 2 * k, 2))
             segments.append(Segment(start, stop, providers, slots))
