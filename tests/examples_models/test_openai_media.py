@@ -1,8 +1,9 @@
 """The OpenAI media surface on flowstd's real tiny models (docs/openai.md), under `inproc` and
 `local`, driven by the official openai client: `/v1/images/generations` (multimodal's text to
 image), `/v1/audio/speech` (lib/speech.flow), `/v1/embeddings` (lib/embedding.flow) and
-`/v1/chat/completions` answering a WAV `input_audio` with text and audio (`modalities`),
-gathered and streamed, and PNG and JPEG `image_url`s with text. Every answer's media decode
+`/v1/chat/completions` answering one message of text, a PNG and a JPEG `image_url` and a WAV
+`input_audio` (lib/omni.flow) with text and audio (`modalities`), gathered and streamed, and
+multimodal's chat of PNG and JPEG `image_url`s with text. Every answer's media decode
 (Pillow, soundfile) to exactly what the graph's roles gave in an embedded reference run."""
 
 from __future__ import annotations
@@ -26,14 +27,22 @@ from flowc.check import check_source  # noqa: E402
 from flowc.codegen import build_bundle  # noqa: E402
 from flowrt import media  # noqa: E402
 from flowrt.deploy import open_deployment  # noqa: E402
-from tests.examples_models.test_media_roles import audio_file, audio_part, data_url, image_file, image_part, text_part  # noqa: E402
+from tests.examples_models.test_media_roles import (  # noqa: E402
+    audio_file,
+    audio_part,
+    data_url,
+    image_file,
+    image_part,
+    lying_png,
+    text_part,
+)
 from tests.gateway.guarded import command, request  # noqa: E402
 from tests.runtime.test_serve import serving  # noqa: E402
 
 FLOW = """flow media_endpoints
 
 import multimodal
-import voice
+import omni
 import speech
 import embedding
 
@@ -52,10 +61,10 @@ graph draw {
 }
 
 graph talk {
-    entry  voice_request
-    stream reply ordered
+    entry  omni_request
+    stream answer ordered
     stream speech ordered
-    return turn
+    return omni_turn
     serves chat
 }
 
@@ -88,13 +97,19 @@ def bundle(tmp_path_factory):
     return directory / "bundle"
 
 
-def wav_body(samples) -> list:
-    return [text_part(QUESTION), audio_part(audio_file(samples=samples))]
-
-
 TONE = (numpy.sin(numpy.arange(6400) / 5.0) * 7000).astype("<i2")
 PIXELS = numpy.random.default_rng(5).integers(0, 256, (20, 28, 3), dtype=numpy.uint8)
-CHAT = [{"role": "user", "content": wav_body(TONE)}]
+CHAT = [  # text, a PNG, a JPEG and a WAV, in one message (the omni module)
+    {
+        "role": "user",
+        "content": [
+            text_part(QUESTION),
+            image_part(data_url(image_file("PNG", PIXELS))),
+            image_part(data_url(image_file("JPEG", PIXELS[::-1].copy(), quality=90), "image/jpeg")),
+            audio_part(audio_file(samples=TONE)),
+        ],
+    }
+]
 LOOK = [
     {
         "role": "user",
@@ -153,7 +168,7 @@ def test_every_endpoint_answers_the_official_client_with_the_roles_media(bundle,
             "draw": outputs(server, "draw", "request", {"model": "draw", "prompt": PROMPT}),
             "say": outputs(server, "say", "speech_text", SPOKEN),
             "embed": [outputs(server, "embed", "embed_text", text) for text in TEXTS],
-            "talk": outputs(server, "talk", "voice_request", {"model": "talk", "messages": CHAT}),
+            "talk": outputs(server, "talk", "omni_request", {"model": "talk", "messages": CHAT}),
             "look": outputs(server, "look", "request", {"model": "look", "messages": LOOK}),
         }
         client = openai.OpenAI(base_url=f"http://{server.host}:{server.port}/v1", api_key="none", timeout=120, max_retries=0)
@@ -187,15 +202,15 @@ def test_every_endpoint_answers_the_official_client_with_the_roles_media(bundle,
             assert numpy.allclose(item.embedding, vector, atol=1e-6) and len(item.embedding) == vector.shape[0]
         assert answer.usage.prompt_tokens == sum(o["embed_usage"][0]["prompt_tokens"] for o in reference["embed"]) > 0
 
-        # chat, a WAV and text in; text and audio out, gathered (WAV) and streamed (PCM16 chunks)
-        speech, reply = pcm_of(reference["talk"]["speech"]), "".join(reference["talk"]["reply"])
+        # chat, text, a PNG, a JPEG and a WAV in; text and audio out, gathered (WAV) and streamed (PCM16 chunks)
+        speech, reply = pcm_of(reference["talk"]["speech"]), "".join(reference["talk"]["answer"])
         answer = client.chat.completions.create(
             model="talk", messages=CHAT, modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}
         )
         audio = answer.choices[0].message.audio
         assert decoded_wav(base64.b64decode(audio.data)) == (speech, 16000)
         assert audio.transcript == reply and answer.choices[0].message.content is None
-        assert answer.usage.prompt_tokens == reference["talk"]["turn"][0]["prompt_tokens"] > 0
+        assert answer.usage.prompt_tokens == reference["talk"]["omni_turn"][0]["prompt_tokens"] > 0
         chunks = list(
             client.chat.completions.create(
                 model="talk",
@@ -275,25 +290,16 @@ def test_requests_an_endpoint_cannot_serve_are_400_naming_the_parameter(client, 
 def test_an_unknown_model_is_404_and_corrupt_media_400_and_the_server_keeps_serving(client):
     with pytest.raises(openai.NotFoundError, match="models: draw"):
         client.images.generate(model="paint", prompt="x")
-    truncated = image_file("PNG", PIXELS)[:60]
-    with pytest.raises(openai.BadRequestError) as raised:
-        client.chat.completions.create(model="look", messages=[{"role": "user", "content": [image_part(data_url(truncated))]}])
-    assert raised.value.code == "bad_input" and "image" in raised.value.message
     lying = bytearray(audio_file(samples=TONE))
     lying[40:44] = (10**9).to_bytes(4, "little")  # the data chunk claims a gigabyte
-    lied = [
-        {
-            "role": "user",
-            "content": [
-                text_part("hi"),
-                {"type": "input_audio", "input_audio": {"data": base64.b64encode(bytes(lying)).decode(), "format": "wav"}},
-            ],
-        }
+    corrupt = [
+        (image_part(data_url(image_file("PNG", PIXELS)[:60])), "messages[0].content[1]"),
+        (image_part(data_url(lying_png(20000, 20000))), "400,000,000 pixels; the limit is 16,777,216"),
+        (image_part(data_url(image_file("GIF", PIXELS), "image/gif")), "PNG, JPEG or WebP"),
+        (audio_part(bytes(lying)), "the WAV's header says its samples are 1,000,000,000 bytes"),
     ]
-    answer = None
-    try:
-        answer = client.chat.completions.create(model="talk", messages=lied)
-    except openai.BadRequestError as error:
-        assert error.code == "bad_input"
-    assert answer is None or answer.choices[0].message.content is not None  # read to the file's end, within the limit
-    assert client.images.generate(model="draw", prompt=PROMPT).data[0].b64_json
+    for part, words in corrupt:
+        with pytest.raises(openai.BadRequestError) as raised:  # (max_retries=0: a 400 is not retried anyway)
+            client.chat.completions.create(model="talk", messages=[{"role": "user", "content": [text_part("hi"), part]}])
+        assert raised.value.code == "bad_input" and words in raised.value.message, raised.value.message
+    assert client.images.generate(model="draw", prompt=PROMPT).data[0].b64_json  # still serving

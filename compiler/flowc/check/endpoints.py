@@ -61,8 +61,8 @@ NEEDS: dict[str, tuple[Needs, ...]] = {
 
 @dataclass(frozen=True)
 class Problem:
-    """Why a graph cannot serve an endpoint: `entry` (it does not take one Text or Json value)
-    or `output` (no output of a type the endpoint reads)."""
+    """Why a graph cannot serve an endpoint: `entry` (it does not take one Text or Json value),
+    `output` (no output of a type the endpoint reads) or `elsewhere` (another check reports it)."""
 
     endpoint: str
     kind: str
@@ -95,8 +95,8 @@ def _entry_problem(program: Program, graph: GraphInfo, endpoint: str) -> Problem
     if len(entries) != 1:
         return Problem(endpoint, "entry", f"it takes {len(entries)} entry values ({', '.join(entries) or 'none'}), not one")
     placeholder = program.placeholders.get(entries[0])
-    if placeholder is None:  # E170 reports it
-        return Problem(endpoint, "entry", f"its entry `{entries[0]}` is not a placeholder")
+    if placeholder is None:  # E170 reports it: the check says nothing more
+        return Problem(endpoint, "elsewhere", f"its entry `{entries[0]}` is not a placeholder")
     entry_type = str(program.type_of(placeholder.type))
     if entry_type not in ENTRY_TYPES:
         return Problem(endpoint, "entry", f"its entry `{entries[0]}` is `{entry_type}`, not `Text` or `Json`")
@@ -129,9 +129,9 @@ def endpoints_of(program: Program, graph: GraphInfo) -> dict[str, dict[str, str]
 
 
 def problems(program: Program, graph: GraphInfo) -> Iterator[Problem]:
-    """Each endpoint the graph declares and cannot serve."""
+    """Each endpoint the graph declares and cannot serve (where no other check says why)."""
     for endpoint in dict.fromkeys(declared(graph)):
         if endpoint in NEEDS:
             found = fields_for(program, graph, endpoint)
-            if isinstance(found, Problem):
+            if isinstance(found, Problem) and found.kind != "elsewhere":
                 yield found

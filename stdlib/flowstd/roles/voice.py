@@ -301,13 +301,21 @@ def _listed_samples(values: Any, rate: int, where: str) -> bytes:
 
 
 class Frontend:
+    prompt_field, audio_field = "voice_prompt", "voice_audio"  # where the layout and each clip go
+    images, image_field = False, ""  # whether image parts are read, and where they go (flowstd.roles.omni)
+
     async def setup(self, ctx) -> None:
         self.tokenizer = VoiceRuntime.shared().tokenizer
 
     async def parse(self, ctx, voice_request):
-        """Each audio clip as it is read (so encoding starts), then the turn's layout: `parts`,
-        each {"text": ids} or {"audio": clip}, with the step and the budget."""
-        segments, budget, step = voice_segments(voice_request)
+        async for frame in self.frames(voice_request):
+            yield frame
+
+    async def frames(self, request):
+        """Each audio clip (and, with `images`, each image) as it is read, so encoding starts;
+        then the turn's layout: `parts`, each {"text": ids}, {"audio": clip} or {"image":
+        content hash}, with the step and the budget."""
+        segments, budget, step = voice_segments(request, images=self.images)
         special = self.tokenizer.special_ids
         user, close = [special["<|user|>"]], [special["<|eos|>"], special["<|assistant|>"]]
         parts: list[dict] = []
@@ -329,31 +337,48 @@ class Frontend:
                 _text(parts, user)
                 in_user = True
             if kind in ("audio", "input_audio"):
-                yield {"voice_audio": await asyncio.to_thread(audio_clip, segment, clips, where)}  # decoding off the loop
+                yield {self.audio_field: await asyncio.to_thread(audio_clip, segment, clips, where)}  # decoding off the loop
                 parts.append({"audio": clips})
                 clips += 1
             elif kind == "text" and isinstance(segment.get("text"), str):
                 _text(parts, self.tokenizer.encode(segment["text"]))
+            elif kind in ("image", "image_url") and self.images:
+                image, content = await asyncio.to_thread(_image, segment, where)
+                yield {self.image_field: image}
+                parts.append({"image": content})
             else:
-                raise VoiceInputError(f"{where}: give type `audio`, `text` (with a `text` string) or `reply`")
+                media = "`audio`, `image`" if self.images else "`audio`"
+                raise VoiceInputError(f"{where}: give type {media}, `text` (with a `text` string) or `reply`")
         if not in_user:
             raise VoiceInputError("the request ends with a reply: end it with the user's turn (audio or text)")
         _text(parts, close)
-        yield {"voice_prompt": {"parts": parts, "clips": clips, "step": step, "max_tokens": budget}}
+        yield {self.prompt_field: {"parts": parts, "clips": clips, "step": step, "max_tokens": budget}}
 
 
-def voice_segments(request: Any) -> tuple[list[tuple[str, Any]], int, int | None]:
+def _image(segment: Any, where: str) -> tuple[Any, str]:
+    """An image segment decoded (flowstd.roles.multimodal), with the content hash its ViT rows are keyed by."""
+    from flowstd.models import tensor_content_hash
+    from flowstd.roles.multimodal import MultimodalInputError, image_payload
+
+    try:
+        image = image_payload(segment, where)
+    except MultimodalInputError as error:
+        raise VoiceInputError(str(error)) from None
+    return image, tensor_content_hash(image.pixels())
+
+
+def voice_segments(request: Any, images: bool = False) -> tuple[list[tuple[str, Any]], int, int | None]:
     """The request's segments, each with the name errors give it, its budget and its step: from
     {"segments": [...], "max_tokens": N, "step": S}, or from an OpenAI chat body (or its list of
     messages): the whole conversation (step 0), each user message's text and audio parts as
     segments, each assistant message's text as a `reply` (tokenized), system and developer
     messages' text as text of the user turn they begin; `max_completion_tokens` (else
-    `max_tokens`) is the budget."""
+    `max_tokens`) is the budget. With `images`, image parts are segments too."""
     if isinstance(request, dict) and isinstance(request.get("segments"), list) and request["segments"]:
         segments = [(f"segment {index}", segment) for index, segment in enumerate(request["segments"])]
         key, step = "max_tokens", request.get("step")
     elif isinstance(request, list) or (isinstance(request, dict) and "messages" in request):
-        segments, step = _chat_segments(request), 0
+        segments, step = _chat_segments(request, images), 0
         key = "max_completion_tokens" if isinstance(request, dict) and "max_completion_tokens" in request else "max_tokens"
     else:
         raise VoiceInputError(
@@ -368,7 +393,7 @@ def voice_segments(request: Any) -> tuple[list[tuple[str, Any]], int, int | None
     return segments, budget, step
 
 
-def _chat_segments(body: Any) -> list[tuple[str, Any]]:
+def _chat_segments(body: Any, images: bool) -> list[tuple[str, Any]]:
     from flowstd.tokenizer.chat import ChatTemplateError, chat_messages, chat_parts
 
     try:
@@ -394,16 +419,14 @@ def _chat_segments(body: Any) -> list[tuple[str, Any]]:
             segments.append((f"messages[{index}]", {"type": "reply", "text": text}))
             continue
         for part in mine:
-            if part.kind == "image":
+            if part.kind == "image" and not images:
                 raise VoiceInputError(
-                    f"{part.where}: an image part; the voice module reads text and audio (the multimodal module reads images)"
+                    f"{part.where}: an image part; the voice module reads text and audio "
+                    "(the multimodal module reads images, the omni module all three)"
                 )
-            segment = (
-                {"type": "input_audio", "input_audio": part.value}
-                if part.kind == "audio"
-                else {"type": "text", "text": part.value}
-            )
-            segments.append((part.where, segment))
+            kinds = {"audio": ("input_audio", "input_audio"), "image": ("image_url", "image_url"), "text": ("text", "text")}
+            kind, key = kinds.get(part.kind, ("text", "text"))
+            segments.append((part.where, {"type": kind, key: part.value}))
     return segments
 
 
@@ -435,23 +458,37 @@ class AudioEncoderRole:
 
 
 class Thinker:
+    reply_field, turn_field = "reply", "turn"  # where the text and the counts go
+
     async def setup(self, ctx) -> None:
         runtime = VoiceRuntime.shared()
         check_kv_fits(ctx, runtime.spec, page_tokens=PAGE_TOKENS, model="the voice thinker (flowstd.roles.voice)")
         runtime.build("tokenizer")
 
     async def generate(self, ctx, voice_prompt, audio_emb=()):
+        async for frame in self.think(ctx, voice_prompt, audio_emb, ()):
+            yield frame
+
+    async def think(self, ctx, prompt, audio_emb, vit_emb):
+        """The turn: its layout's text, audio clips' rows and images' ViT rows (by content hash)."""
         runtime = VoiceRuntime.shared()
-        prompt = voice_prompt[0] if isinstance(voice_prompt, list) else voice_prompt
+        prompt = prompt[0] if isinstance(prompt, list) else prompt
         encoded = {item["clip"]: item for item in audio_emb}
         if sorted(encoded) != list(range(prompt["clips"])):
             raise VoiceInputError(f"the thinker got clips {sorted(encoded)} of {prompt['clips']}")
-        items = [
-            Text(part["text"])
-            if "text" in part
-            else Media("audio", content=encoded[part["audio"]]["content"], hidden=encoded[part["audio"]]["hidden"])
-            for part in prompt["parts"]
-        ]
+        seen = {item["content"]: item for item in vit_emb}
+        missing = [part["image"] for part in prompt["parts"] if "image" in part and part["image"] not in seen]
+        if missing:
+            raise VoiceInputError(f"the thinker got no ViT rows for {len(missing)} of the turn's images")
+
+        def as_item(part: dict) -> Any:
+            if "text" in part:
+                return Text(part["text"])
+            if "image" in part:
+                return Media("image", content=part["image"], hidden=seen[part["image"]]["hidden"])
+            return Media("audio", content=encoded[part["audio"]]["content"], hidden=encoded[part["audio"]]["hidden"])
+
+        items = [as_item(part) for part in prompt["parts"]]
         budget, eos = prompt["max_tokens"], runtime.tokenizer.eos_id
 
         async def run(on_token):
@@ -471,11 +508,11 @@ class Thinker:
             text = detokenizer.push(item) + (detokenizer.finish() if last else "")
             frame: dict[str, Any] = {"spoken": {"token": item, "index": len(generated), "last": last}}
             if text:
-                frame["reply"] = text
+                frame[self.reply_field] = text
             generated.append(item)
             yield frame
         yield {
-            "turn": {
+            self.turn_field: {
                 "prompt_tokens": result.prompt_tokens,
                 "reused_tokens": result.reused_tokens,
                 "computed_tokens": result.computed_tokens,
