@@ -7,12 +7,12 @@
    call again.
 2. sessions: REQUESTS sequential calls of examples/image_chat, each with a new session (its llm
    keeps a history per session in the `kv` global), served with a cap on idle sessions.
-3. admission (issue 32): PROBES sequential calls of a cheap graph (and as many `GET /graphs`)
-   on one keep-alive connection, timed by the client, first with nothing else in flight, then
-   while HELD concurrent slow calls (each sleeps until the bench lets it go) are held: under
-   `--max-in-flight 8 --max-queue 8` (16 held, the rest refused 429 at once; the cheap call,
-   finding no place, is answered 429 too) and with no limits (every slow call held, the cheap
-   call runs). It prints p50/p99 per phase and loaded/unloaded, side by side (goal: ≤ 2x).
+3. admission (issue 32): two servers alike, one quiet and one while HELD concurrent slow calls
+   (each sleeps until the bench lets it go) are held; PROBES calls of a cheap graph (and as
+   many `GET /graphs`) go to each in turn, timed by the client. Under `--max-in-flight 8
+   --max-queue 8` (16 held, the rest refused 429 at once; the cheap call, finding no place on
+   the busy server, is answered 429 at once too) and with no limits (every slow call held, the
+   cheap call runs). It prints p50/p99 per server and busy/quiet, side by side (goal: ≤ 2x).
 
 It prints calls, disconnects, /stats and the server's RSS before and after each part.
 
@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import os
 import select
 import signal
 import socket
@@ -270,24 +271,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
-def probe(port: int, probes: int) -> dict[str, tuple[list[float], dict[int, int]]]:
-    """Client-timed ms of `probes` cheap calls and `probes` GET /graphs, interleaved, on one
-    keep-alive connection: {what: (times, statuses counted)}."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+def probe(ports: list[int], probes: int) -> list[dict[str, tuple[list[float], dict[int, int]]]]:
+    """Client-timed ms of `probes` cheap calls and `probes` GET /graphs to each server of
+    `ports`, interleaved (each probe goes to every server in turn, so a moment's noise on the
+    machine hits them alike), one keep-alive connection per server: per server, {what: (times,
+    statuses counted)}."""
+    connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=60) for port in ports]
     body = json.dumps({"request": {"n": 1}}).encode()
-    found: dict[str, tuple[list[float], dict[int, int]]] = {"POST /graphs/cheap": ([], {}), "GET /graphs": ([], {})}
+    found: list[dict[str, tuple[list[float], dict[int, int]]]] = [
+        {"POST /graphs/cheap": ([], {}), "GET /graphs": ([], {})} for _ in ports
+    ]
     for _ in range(probes):
-        for what, (times, statuses) in found.items():
+        for what in found[0]:
             method, path = what.split()
-            began = time.perf_counter()
-            connection.request(
-                method, path, body=body if method == "POST" else None, headers={"Content-Type": "application/json"}
-            )
-            answer = connection.getresponse()
-            answer.read()
-            times.append((time.perf_counter() - began) * 1e3)
-            statuses[answer.status] = statuses.get(answer.status, 0) + 1
-    connection.close()
+            for connection, mine in zip(connections, found, strict=True):
+                times, statuses = mine[what]
+                began = time.perf_counter()
+                connection.request(
+                    method, path, body=body if method == "POST" else None, headers={"Content-Type": "application/json"}
+                )
+                answer = connection.getresponse()
+                answer.read()
+                times.append((time.perf_counter() - began) * 1e3)
+                statuses[answer.status] = statuses.get(answer.status, 0) + 1
+    for connection in connections:
+        connection.close()
     return found
 
 
@@ -325,18 +333,25 @@ def admission(scratch: Path, held: int, probes: int) -> None:
         capture_output=True,
     )
     rows = []
+    cpus = sorted(os.sched_getaffinity(0))
     for limits in (["--max-in-flight", "8", "--max-queue", "8"], []):
-        process, port = start(bundle, *limits, "--grace", "0")
+        # two servers alike, one left quiet and one holding the slow calls, probed in turn
+        (quiet, quiet_port), (busy, busy_port) = (start(bundle, *limits, "--grace", "0") for _ in range(2))
         try:
-            probe(port, min(200, probes))  # warm up
-            unloaded = probe(port, probes)
-            sockets, refused = hold(port, held)
-            told = stats(port, idle=False)
-            loaded = probe(port, probes)
+            if len(cpus) >= 2:  # both servers on one CPU, the client on the others: the same neighbours
+                for server in (quiet, busy):
+                    os.sched_setaffinity(server.pid, {cpus[-1]})
+                os.sched_setaffinity(0, set(cpus[:-1]))
+            probe([quiet_port, busy_port], min(200, probes))  # warm up
+            sockets, refused = hold(busy_port, held)
+            told = stats(busy_port, idle=False)
+            unloaded, loaded = probe([quiet_port, busy_port], probes)
             for sock in sockets:
                 sock.close()
         finally:
-            stop(process)
+            os.sched_setaffinity(0, set(cpus))
+            stop(quiet)
+            stop(busy)
         name = " ".join(limits) or "no limits"
         print(
             f"admission, {name}: {held} slow calls sent, {len(refused)} answered at once "
@@ -345,14 +360,14 @@ def admission(scratch: Path, held: int, probes: int) -> None:
             f"admission_waiting {told.get('admission_waiting')}, refused_calls {told.get('refused_calls')}"
         )
         for what in unloaded:
-            (quiet, quiet_statuses), (busy, busy_statuses) = unloaded[what], loaded[what]
+            (quiet_times, quiet_statuses), (busy_times, busy_statuses) = unloaded[what], loaded[what]
             rows.append(
-                (name, what, quiet_statuses, busy_statuses, statistics.median(quiet), percentile(quiet, 0.99),
-                 statistics.median(busy), percentile(busy, 0.99))
+                (name, what, quiet_statuses, busy_statuses, statistics.median(quiet_times), percentile(quiet_times, 0.99),
+                 statistics.median(busy_times), percentile(busy_times, 0.99))
             )  # fmt: skip
-    print(f"probes per phase: {probes} of each, sequential, one keep-alive connection, client-timed")
+    print(f"probes: {probes} of each to each server, in turn, one keep-alive connection per server, client-timed")
     print(
-        "| server | probe | statuses unloaded | statuses while held | p50 unloaded ms | p99 unloaded ms | p50 held ms | p99 held ms | p99 held/unloaded |"
+        "| servers | probe | statuses, quiet server | statuses, server holding them | p50 quiet ms | p99 quiet ms | p50 holding ms | p99 holding ms | p99 holding/quiet |"
     )
     print("|---|---|---|---|---:|---:|---:|---:|---:|")
     for name, what, quiet_statuses, busy_statuses, q50, q99, b50, b99 in rows:
