@@ -91,10 +91,10 @@ def test_the_bundles_own_command_line(bundle):
     address = run(*python_m, "serve", "--http", "nowhere", cwd=bundle.parent)
     assert address.returncode == 2
     assert_one_prefix(address, "--http: ")
-    (bundle / "plan.json").rename(bundle / "plan.json.moved")
+    (bundle / "graphs.py").rename(bundle / "graphs.py.moved")
     try:
         broken = run(*python_m, "check", cwd=bundle.parent)
     finally:
-        (bundle / "plan.json.moved").rename(bundle / "plan.json")
+        (bundle / "graphs.py.moved").rename(bundle / "graphs.py")
     assert broken.returncode == 1
-    assert_one_prefix(broken, "plan.json is missing")
+    assert_one_prefix(broken, "graphs.py is missing")

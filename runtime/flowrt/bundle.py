@@ -1,9 +1,13 @@
 """Loading a bundle that `flowc build` wrote (its `python -m BUNDLE` entry point is
 flowrt.deploy.entry's).
 
-`load_bundle` reads bundle.json and plan.json, imports every module under nodes/ (each builds
-its `RoleSpec` from literal tables) and checks that they agree with each other. Problems are
-`BundleError`s naming the file and the fix, never tracebacks.
+`load_bundle` reads bundle.json, imports every module under nodes/ (each builds its `RoleSpec`
+from literal tables) and graphs.py (each graph's entry, outputs, start and entry-value nodes,
+and the globals), and assembles from them the plan the runtime executes (`Bundle.plan`, in
+the shape of `flowc plan --json`): a role's node tables are those of its nodes/ROLE.py, the one
+copy the runtime reads. plan.json is the same plan for people and tools; the runtime never
+reads it, so there are no two copies to keep in agreement. Problems are `BundleError`s naming
+the file and the fix, never tracebacks.
 
 A role none of whose interfaces runs in any graph (an imported library's role the graphs leave
 out: the plan says so) is not part of what runs: `Bundle.roles` holds the roles some graph runs,
@@ -16,6 +20,7 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from flowrt.errors import FlowrtError
 from flowrt.tables import RoleSpec, TableError
@@ -46,7 +51,6 @@ MALFORMED = (KeyError, TypeError, AttributeError, ValueError)  # what reading a 
 def load_bundle(path: Path) -> Bundle:
     path = Path(path)
     manifest = _read_json(path / "bundle.json")
-    plan = _read_json(path / "plan.json")
     roles: dict[str, RoleSpec] = {}
     try:
         entries = sorted(manifest.get("roles", {}).items())
@@ -65,11 +69,12 @@ def load_bundle(path: Path) -> Bundle:
                 f"{module_path}: declares role `{spec.name}`, but bundle.json lists it as `{name_}`; rebuild the bundle"
             )
         roles[name_] = spec
+    graphs = _import_module(path, "graphs", path / "graphs.py")
     try:
-        _check_agreement(path, plan, roles)
+        plan = _assemble_plan(graphs, roles)
     except MALFORMED as error:
         raise BundleError(
-            f"{path / 'plan.json'} is malformed ({_reason(error)}); rebuild the bundle with `flowc build`"
+            f"{path / 'graphs.py'} is malformed ({_reason(error)}); rebuild the bundle with `flowc build`"
         ) from None
     unreached = tuple(sorted(name for name, spec in roles.items() if not any(i.graphs for i in spec.interfaces.values())))
     reached = {name: spec for name, spec in roles.items() if name not in unreached}
@@ -92,8 +97,9 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def _import_role(bundle: Path, name: str, module_path: Path) -> RoleSpec:
-    module_name = f"_flowrt_bundle_{abs(hash(str(bundle.resolve())))}.nodes.{name}"
+def _import_module(bundle: Path, name: str, module_path: Path) -> ModuleType:
+    """A generated module of the bundle, imported under a name of its own (never the bundle's package)."""
+    module_name = f"_flowrt_bundle_{abs(hash(str(bundle.resolve())))}.{name}"
     spec = importlib.util.spec_from_file_location(module_name, module_path)
     if spec is None or spec.loader is None or not module_path.is_file():
         raise BundleError(f"{module_path} is missing; rebuild the bundle with `flowc build`")
@@ -104,23 +110,30 @@ def _import_role(bundle: Path, name: str, module_path: Path) -> RoleSpec:
         raise BundleError(f"{module_path}: {error}") from None
     except Exception as error:  # noqa: BLE001 - a broken generated module must not become a traceback
         raise BundleError(f"{module_path} failed to load ({type(error).__name__}: {error}); rebuild the bundle") from None
-    role = getattr(module, "SPEC", None)
+    return module
+
+
+def _import_role(bundle: Path, name: str, module_path: Path) -> RoleSpec:
+    role = getattr(_import_module(bundle, f"nodes.{name}", module_path), "SPEC", None)
     if not isinstance(role, RoleSpec):
         raise BundleError(f"{module_path} defines no SPEC; rebuild the bundle with `flowc build`")
     return role
 
 
-def _check_agreement(path: Path, plan: dict, roles: dict[str, RoleSpec]) -> None:
-    for graph_name, graph in plan.get("graphs", {}).items():
-        for node_id, node in graph.get("nodes", {}).items():
-            if node.get("kind") != "interface":
-                continue
-            role, interface = node_id.split(".", 1)
-            literal = roles.get(role)
-            if literal is None or interface not in literal.interfaces:
-                raise BundleError(f"{path}/plan.json names `{node_id}`, which no module under nodes/ defines; rebuild the bundle")
-            tables = literal.as_literal()[interface].get(graph_name)
-            if tables != node:
-                raise BundleError(
-                    f"nodes/{role}.py disagrees with plan.json about `{node_id}` in graph `{graph_name}`; rebuild the bundle"
-                )
+def _assemble_plan(graphs: ModuleType, roles: dict[str, RoleSpec]) -> dict:
+    """The plan the runtime executes: graphs.py's graphs with each role's nodes from its module."""
+    plan_graphs = {}
+    for graph_name, graph in graphs.GRAPHS.items():
+        nodes = dict(graph["nodes"])
+        for role in roles.values():
+            for interface, tables in role.as_literal().items():
+                if graph_name in tables:
+                    nodes[f"{role.name}.{interface}"] = tables[graph_name]
+        plan_graphs[graph_name] = {**graph, "nodes": dict(sorted(nodes.items()))}
+    for graph_name, graph in plan_graphs.items():  # a node a control edge names must exist
+        for node in graph["nodes"].values():
+            for targets in node["control"].values():
+                for target in targets:
+                    if target["node"] not in graph["nodes"] and target["node"] != "caller":
+                        raise ValueError(f"graph `{graph_name}` signals `{target['node']}`, which no module defines")
+    return {"flow": str(graphs.FLOW), "globals": dict(graphs.GLOBALS), "graphs": plan_graphs}

@@ -119,7 +119,12 @@ def test_module_tables_equal_the_static_plan(path):
                 continue
             role, interface = node_id.split(".")
             assert bundle.roles[role].as_literal()[interface][graph_name] == node
-    ran = {node_id.split(".")[0] for graph in plan["graphs"].values() for node_id, n in graph["nodes"].items() if n["kind"] == "interface"}
+    ran = {
+        node_id.split(".")[0]
+        for graph in plan["graphs"].values()
+        for node_id, n in graph["nodes"].items()
+        if n["kind"] == "interface"
+    }
     assert sorted(set(plan["roles"]) - ran) == list(bundle.unreached)  # roles no graph runs: loaded, never started
     for role_name, role in plan["roles"].items():
         if role_name in bundle.unreached:
@@ -135,18 +140,24 @@ def test_module_tables_equal_the_static_plan(path):
         assert {n: i.timeout_s for n, i in spec.interfaces.items()} == {n: c["timeout_s"] for n, c in role["interfaces"].items()}
 
 
-def test_a_tampered_module_is_refused(tmp_path):
+def test_the_runtime_runs_the_node_modules_tables_and_never_reads_plan_json(tmp_path):
+    """One source of truth: a role's tables are its nodes/ROLE.py's (plan.json is the export)."""
     import shutil
 
     _, out = BUNDLES["image_chat"]
     copy = tmp_path / "bundle"
     shutil.copytree(out, copy)
+    exported = json.loads((out / "plan.json").read_text())
+    assert load_bundle(copy).plan == {key: exported[key] for key in ("flow", "globals", "graphs")}  # the same tables
     llm = copy / "nodes" / "llm.py"
     llm.write_text(llm.read_text().replace('"root": "frontend.parse"', '"root": "vit.encode"', 1))
-    with pytest.raises(BundleError, match="disagrees with plan.json"):
-        load_bundle(copy)
+    (copy / "plan.json").write_text("this is not read")
+    tables = load_bundle(copy).plan["graphs"]["chat"]["nodes"]["llm.generate"]
+    assert "vit.encode" in json.dumps(tables) and tables == load_bundle(copy).roles["llm"].as_literal()["generate"]["chat"]
     (copy / "plan.json").unlink()
-    with pytest.raises(BundleError, match="plan.json is missing"):
+    load_bundle(copy)
+    (copy / "graphs.py").unlink()
+    with pytest.raises(BundleError, match="graphs.py is missing; rebuild the bundle"):
         load_bundle(copy)
 
 

@@ -1,6 +1,6 @@
 """`flowc build`: the deployable bundle of a checked program (DESIGN §5).
 
-    bundle.json  plan.json  __init__.py  __main__.py  nodes/<role>.py
+    bundle.json  plan.json  graphs.py  __init__.py  __main__.py  nodes/<role>.py
     deploy/local.yaml  deploy/ray/{launch,runtime_env,job}.json  deploy/k8s/{raycluster,rayjob}.yaml
 
 Generation is boring on purpose: Jinja2 with StrictUndefined fed by view models, everything
@@ -86,6 +86,7 @@ def build_bundle(program: Program, source: Path, out: Path, targets: tuple[str, 
         files[f"nodes/{role.name}.py"] = render("node.py.j2", header=header, role=views.role_module(plan, plan_data, role))
     files["__init__.py"] = render("init.py.j2", header=header)
     files["__main__.py"] = render("main.py.j2", header=header)
+    files["graphs.py"] = render("graphs.py.j2", header=header, graphs=views.graphs_module(plan, plan_data))
     files["plan.json"] = _json(plan_data)
     if "local" in targets:
         files["deploy/local.yaml"] = render("local.yaml.j2", header=header, local=views.local_view(plan))

@@ -50,6 +50,34 @@ class RoleModuleView:
     interfaces: tuple[InterfaceView, ...]
 
 
+@dataclass(frozen=True)
+class GraphView:
+    name: str
+    name_literal: str
+    comments: tuple[str, ...]
+    tables_literal: str
+
+
+@dataclass(frozen=True)
+class GraphsModuleView:
+    flow_literal: str
+    globals_literal: str
+    graphs: tuple[GraphView, ...]
+
+
+def graphs_module(plan: StaticPlan, plan_data: dict) -> GraphsModuleView:
+    """graphs.py: each graph's plan less its roles' nodes (those are in nodes/ROLE.py)."""
+    graphs = []
+    for name in sorted(plan.graphs):
+        graph = plan.graphs[name]
+        data = dict(plan_data["graphs"][name])
+        kept = {node_id: node for node_id, node in data["nodes"].items() if node.get("kind") != "interface"}
+        data["nodes"] = kept
+        comments = tuple(line.strip() for node_id in sorted(kept) for line in node_lines(graph.nodes[node_id]))
+        graphs.append(GraphView(name, literal(name), comments, literal(data, depth=1)))
+    return GraphsModuleView(literal(plan_data["flow"]), literal(plan_data.get("globals") or {}), tuple(graphs))
+
+
 def role_module(plan: StaticPlan, plan_data: dict, role: RolePlan) -> RoleModuleView:
     """`plan_data` is `plan.as_json()`, computed once for all modules of a build."""
     interfaces = []

@@ -64,7 +64,8 @@ class Runtime:
             }
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise BundleError(
-                f"{bundle.path}/plan.json is malformed ({type(error).__name__}: {error}); rebuild the bundle with `flowc build`"
+                f"the tables of {bundle.path} (graphs.py, nodes/) are malformed ({type(error).__name__}: {error}); "
+                "rebuild the bundle with `flowc build`"
             ) from None
         # per graph: the check of each entry placeholder whose declared type restricts its value
         self.entry_checks: dict[str, dict[str, Callable[[Any], Any]]] = {}
