@@ -210,6 +210,7 @@ def test_every_endpoint_answers_the_official_client_with_the_roles_media(bundle,
         audio = answer.choices[0].message.audio
         assert decoded_wav(base64.b64decode(audio.data)) == (speech, 16000)
         assert audio.transcript == reply and answer.choices[0].message.content is None
+        assert audio.model_dump()["sample_rate"] == 16000  # the talker's rate, not OpenAI's 24 kHz
         assert answer.usage.prompt_tokens == reference["talk"]["omni_turn"][0]["prompt_tokens"] > 0
         chunks = list(
             client.chat.completions.create(
@@ -222,6 +223,7 @@ def test_every_endpoint_answers_the_official_client_with_the_roles_media(bundle,
         )
         deltas = [chunk.choices[0].delta.audio for chunk in chunks if chunk.choices and chunk.choices[0].delta.audio]
         pieces = [base64.b64decode(d.data) for d in deltas if getattr(d, "data", None)]
+        assert {d.model_dump()["sample_rate"] for d in deltas if getattr(d, "data", None)} == {16000}
         assert len(pieces) == len(reference["talk"]["speech"]) > 1 and b"".join(pieces) == speech
         assert "".join(d.transcript for d in deltas if getattr(d, "transcript", None)) == reply
         text_only = client.chat.completions.create(model="talk", messages=CHAT)

@@ -148,7 +148,8 @@ async def serve(
                 f"draining: the calls in flight have {front.grace:g}s to finish (a second signal cancels them)", "server_draining"
             )
             await _drained(runtime, hurry, front.grace)
-        _say("stopping: cancelling the calls in flight", "server_stopping")
+        left = len(runtime.calls)
+        _say(f"stopping: cancelling the {left} call(s) still in flight" if left else "stopping", "server_stopping")
         await runtime.close()  # every stream ends with its `done` event before connections close
     finally:
         try:

@@ -255,6 +255,7 @@ class Reply:
             expires = int(time.time()) + AUDIO_EXPIRES_S
             message = {"role": "assistant", "content": None}
             message["audio"] = {"id": self.audio_id, "data": data, "expires_at": expires, "transcript": text}
+            message["audio"]["sample_rate"] = self.answer.sample_rate or AUDIO_RATE  # (not OpenAI's: its rate is fixed)
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         return web.json_response(self._object("chat.completion", [choice], usage=self.usage(), flow=self.answer.flow))
 
@@ -297,7 +298,8 @@ class Reply:
         """One piece as a chunk's `delta`: text as `content` (or, answering with audio, as the
         audio's `transcript`, as OpenAI's), audio as base64 PCM16 `data`."""
         if isinstance(piece, bytes):
-            return {"audio": {"id": self.audio_id, "data": base64.b64encode(piece).decode("ascii")}}
+            data = base64.b64encode(piece).decode("ascii")
+            return {"audio": {"id": self.audio_id, "data": data, "sample_rate": self.answer.sample_rate}}
         if self.answer.audio:
             return {"audio": {"id": self.audio_id, "transcript": piece}}
         return {"content": piece}

@@ -71,7 +71,7 @@ class MediaEndpoints:
         target = self._target(body, "images", "image")
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
-            raise ChatError(400, f"`prompt` must be a non-empty string describing the image, not {kind_of(prompt)}", "prompt")
+            raise ChatError(400, f"`prompt` must be a non-empty string describing the image, not {_shown(prompt)}", "prompt")
         n = body.get("n")
         if n is not None and (isinstance(n, bool) or n != 1):
             raise ChatError(400, f"`n` must be 1: a graph gives one image per call, not {json.dumps(n)}", "n")
@@ -101,7 +101,7 @@ class MediaEndpoints:
         target = self._target(body, "speech", "audio")
         text = body.get("input")
         if not isinstance(text, str) or not text:
-            raise ChatError(400, f"`input` must be the non-empty text to speak, not {kind_of(text)}", "input")
+            raise ChatError(400, f"`input` must be the non-empty text to speak, not {_shown(text)}", "input")
         if len(text) > MAX_SPEECH_INPUT:
             raise ChatError(400, f"`input` is {len(text)} characters; the limit is {MAX_SPEECH_INPUT}: send it in parts", "input")
         voice = body.get("voice")
@@ -250,15 +250,22 @@ def _texts(value: Any) -> list[str]:
     """`input` as a list of texts; ChatError naming what it must be."""
     texts = [value] if isinstance(value, str) else value
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
-        shown = "an empty list" if value == [] else kind_of(value)
+        shown = "an empty list" if value == [] else _shown(value)
         if isinstance(texts, list) and texts and all(isinstance(t, (int, list)) for t in texts):
             shown = "token ids"
+        elif isinstance(texts, list) and "" in texts:
+            shown = f"an empty string at {texts.index('')}"
         raise ChatError(400, f"`input` must be a non-empty string or a list of non-empty strings, not {shown}", "input")
     if len(texts) > MAX_EMBEDDING_INPUTS:
         raise ChatError(
             400, f"`input` holds {len(texts)} texts; the limit is {MAX_EMBEDDING_INPUTS}: send them in parts", "input"
         )
     return texts
+
+
+def _shown(value: Any) -> str:
+    """A wrong value as a message names it: an empty string as such, anything else by its kind."""
+    return "an empty string" if value == "" else kind_of(value)
 
 
 def _count(value: Any) -> bool:
