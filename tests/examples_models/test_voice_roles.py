@@ -150,7 +150,7 @@ class Call:
         self.session, self.call_id = "s", call_id
 
 
-def test_the_talker_refuses_tokens_out_of_order_and_speaks_at_the_last():
+def test_the_talker_refuses_tokens_out_of_order_once_and_speaks_at_the_last():
     talker = voice.Talker()
 
     async def speak(call: int, index: int, last: bool = False) -> list[dict]:
@@ -160,9 +160,12 @@ def test_the_talker_refuses_tokens_out_of_order_and_speaks_at_the_last():
         await talker.setup(None)
         assert await speak(1, 0) == []  # 4 frames: no block's window has arrived yet
         assert len(talker.streams) == 1
-        with pytest.raises(voice.VoiceInputError, match="got token 2 of the reply, expecting 1"):
+        with pytest.raises(voice.VoiceStateError, match="got token 2 of the reply, expecting 1") as raised:
             await speak(1, 2)
+        assert not isinstance(raised.value, voice.BadInput)  # lost state is not the caller's doing: a 500, not a 400
         assert talker.streams == {}  # the failed call's stream is dropped
+        # the rest of that reply is not spoken, and fails no more: one error, not one per token
+        assert [await speak(1, index) for index in (3, 4)] == [[], []] and talker.streams == {}
         assert await speak(2, 0) == []
         return await speak(2, 1, last=True)
 

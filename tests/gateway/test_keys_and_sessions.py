@@ -5,6 +5,7 @@ chat client is the caller. Requests the server saw are counted by the server (/s
 
 from __future__ import annotations
 
+import http.client
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,3 +171,25 @@ def test_under_local_stats_shows_no_paths_or_pids_and_errors_no_socket_paths(bun
     (error,) = events(body)[-1]["errors"]
     assert status == 200 and "ipc://" not in body.decode() and "/dev/shm" not in body.decode()
     assert error["where"] == f"roles.py:{guarded.LEAK_LINE}"
+
+
+def test_a_session_id_that_is_not_utf8_is_refused_at_the_door(server: Server):
+    """A lone surrogate in `user`, or a header byte that is not UTF-8, could be told to no replica
+    process (found by a fault trial: a 500 under `local`): 400 on both endpoints, before any call."""
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:
+        connection.putrequest("POST", "/graphs/g")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Authorization", f"Bearer {KEY_A}")
+        connection.putheader("X-Flow-Session", b"s\xe9")  # latin-1, not UTF-8
+        body = json.dumps({"request": {}}).encode()
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        answer = connection.getresponse()
+        assert answer.status == 400 and "not UTF-8" in json.loads(answer.read())["error"]
+    finally:
+        connection.close()
+    sent = {"model": "talk", "messages": user("hi"), "user": "\ud800"}  # (JSON escapes it; openai's client cannot send it)
+    status, _, body = request(server, "POST", "/v1/chat/completions", sent, KEY_A)
+    error = json.loads(body)["error"]
+    assert status == 400 and error["code"] == "invalid_session" and "lone surrogate" in error["message"]

@@ -305,11 +305,15 @@ class Llm:
             except Exception as error:  # noqa: BLE001
                 problems.append(f"{type(error).__name__}: {error}")
         async with kv:
-            for bad in ("abc", ["a", "a"], ["a|b"], [1]):
+            for bad in ("abc", ["a", "a"], ["a|b"], [1], [f"p{i}" for i in range(100000)]):
                 try:
                     kv.allocate(bad)
                 except Exception as error:  # noqa: BLE001
                     problems.append(f"{type(error).__name__}: {error}")
+                    if len(problems) == 7:  # (too many pages: the request's size, the caller's to fix)
+                        from flowrt import BadInput
+
+                        problems[-1] += f" bad_input={isinstance(error, BadInput)}"
             with kv.read_shared(kv.keys(list(range(32)))) as shared:
                 try:
                     shared.view(0)
@@ -331,8 +335,10 @@ def test_misuse_of_the_handle_is_one_clear_error_each(tmp_path):
         async with deployed(bundle, "inproc") as deployment:
             events = await calls(deployment.runtime, "chat", {"request": {}})
             problems = next(e for e in events if e.get("field") == "reply")["value"]
-            assert len(problems) == 7, problems
-            outside, unknown, one_string, twice, pipe, not_str, shared = problems
+            assert len(problems) == 8, problems
+            outside, unknown, one_string, twice, pipe, not_str, too_long, shared = problems
+            assert too_long.startswith("KVRequestTooLarge: the request needs 100000 pages of K/V at once in global `kv`")
+            assert "send a shorter request" in too_long and too_long.endswith("bad_input=True")
             assert outside.startswith("KVError") and "async with ctx.kv('kv') as kv" in outside
             assert unknown.startswith("LookupError") and "declares no `global nope: KVCache`" in unknown and "`kv`" in unknown
             assert "not 'abc'" in one_string and "appears twice" in twice

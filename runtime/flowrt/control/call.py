@@ -24,7 +24,7 @@ from flowrt.control import activation as _activation
 from flowrt.control import bounds
 from flowrt.control import program as _program
 from flowrt.control.activation import Activation, NoTimeout, Resume
-from flowrt.control.contract import bad_input, checked_frame, failure, log_failure, second_frame, waiting_place
+from flowrt.control.contract import bad_input, checked_frame, failure, log_failure, reported, second_frame, waiting_place
 from flowrt.control.delivery import Delivery
 from flowrt.control.program import Edge, NodeProgram
 from flowrt.control.sequencer import Sequencer
@@ -160,7 +160,7 @@ class Call(Delivery):
         self.outbox_waiters.clear()
         for heap in self.order_heaps:
             heap.clear()
-        done = {"event": "done", "status": status, "errors": list(self.errors), "missing": missing}
+        done = {"event": "done", "status": status, "errors": reported(self.errors), "missing": missing}
         if self.cancelled:
             done["reason"] = self.cancel_reason
         self._call_ending(status)

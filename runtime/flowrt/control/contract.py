@@ -1,8 +1,9 @@
 """What a role's frames must be, and how a role's failure is described (docs/runtime.md, Roles).
 
 The compiled core calls into this plain module only off its hot path: when a frame is not a
-plain dict of declared fields (`checked_frame`), and when an activation fails (`failure`,
-`waiting_place`). It must not import `flowrt.control.call`.
+plain dict of declared fields (`checked_frame`), when an activation fails (`failure`,
+`waiting_place`), and when a call ends (`reported`: the errors `done` lists). It must not
+import `flowrt.control.call`.
 """
 
 from __future__ import annotations
@@ -117,3 +118,18 @@ def _text(error: BaseException) -> str:
 
 def _listed(declared: frozenset) -> str:
     return ", ".join(f"`{name}`" for name in sorted(declared)) or "no fields"
+
+
+MAX_REPORTED_ERRORS = 16  # errors a `done` event lists one by one
+
+
+def reported(errors: list) -> list:
+    """The errors `done` lists: the first MAX_REPORTED_ERRORS and one line counting the rest
+    (a role that fails on every frame of a long stream would make `done` megabytes long)."""
+    if len(errors) <= MAX_REPORTED_ERRORS:
+        return list(errors)
+    rest = errors[MAX_REPORTED_ERRORS:]
+    told = {"role": "", "interface": "", "where": "", "message": f"and {len(rest)} more error(s); the server's log has each"}
+    if all(e.get("bad_input") for e in rest):
+        told["bad_input"] = True
+    return [*errors[:MAX_REPORTED_ERRORS], told]

@@ -46,6 +46,10 @@ def reserved(session: str) -> str | None:
         return (
             f"session ids starting with `{ANONYMOUS}` are the runtime's own (a call without a session gets one); choose another"
         )
+    try:
+        session.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, or a header byte that is not UTF-8: no process could be told it
+        return "a session id is text (UTF-8); this one holds a lone surrogate or a byte that is not UTF-8"
     return None
 
 

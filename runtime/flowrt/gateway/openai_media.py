@@ -115,7 +115,7 @@ class MediaEndpoints:
                 "response_format",
             )
         speed = body.get("speed")
-        if speed is not None and speed != 1:
+        if speed is not None and (isinstance(speed, bool) or speed != 1):
             raise ChatError(400, f"`speed` must be 1: the graph's voice speaks at its own pace, not {json.dumps(speed)}", "speed")
 
         async def answer() -> web.Response:

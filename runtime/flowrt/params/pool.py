@@ -175,7 +175,8 @@ class KVPool(Publishing, Demotion, Verification):
         keys = list(keys)
         new = [key for key in keys if self.l1.slot_of(key) is None]
         taken = [key for key in keys if self._writing.get(key, owner) != owner]
-        old = [key for key in keys if key not in new and key not in taken and self._writing.get(key) != owner]
+        skipped = set(new).union(taken)  # (a set: a long prompt has tens of thousands of pages)
+        old = [key for key in keys if key not in skipped and self._writing.get(key) != owner]
         # the resident pages asked for are held first: making room for the new ones must not evict them
         first_holds = [key for key in old if owner not in self.l1.trackers(key).active_requests]
         if old:

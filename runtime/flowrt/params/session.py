@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flowrt.errors import FlowrtError
+from flowrt.errors import BadInput, FlowrtError
 from flowrt.params.layout import KVLayout
 from flowrt.params.meta import MetaError, MetaStore, open_store
 from flowrt.params.pool import KVPool, Prefix, SharedPages, default_node
@@ -50,6 +50,10 @@ Hasher = Callable[[Any, int], list[str]]  # (tokens, page_tokens) -> chained pag
 
 class KVError(FlowrtError):
     """A KV pool that cannot be used as asked (an unknown global, no torch, a bad setting)."""
+
+
+class KVRequestTooLarge(KVError, BadInput):
+    """A request whose pages could never fit the device tier at once (a prompt too long)."""
 
 
 def tier_pages(layout: KVLayout, settings: Mapping[str, Any]) -> dict[str, int]:
@@ -104,8 +108,16 @@ class KVSession:
             raise KVError(f"kv.match(): {error}, again and again; try the call again") from None
 
     def allocate(self, keys: Sequence[str]) -> list[int]:
-        """L1 slots for pages `keys`: write the K/V of each `fresh` one there, then `commit`."""
+        """L1 slots for pages `keys`: write the K/V of each `fresh` one there, then `commit`.
+        More pages than the device tier has slots at all is the request's size, not the pool's
+        load: `KVRequestTooLarge`, a `BadInput` (the caller's answer is a 400)."""
         keys = self._scoped(self._checked("allocate", keys))
+        slots = self.pool.l1.slots
+        if len(keys) > slots:
+            raise KVRequestTooLarge(
+                f"the request needs {len(keys)} pages of K/V at once in global `{self.pool.layout.name}`, whose device "
+                f"tier holds {slots}: send a shorter request (at most {slots * self.pool.layout.page_tokens} tokens)"
+            )
         try:
             return self.pool.allocate(keys, self.owner)
         except SlotsExhausted as error:

@@ -9,8 +9,6 @@
     Thinker.generate         join {voice_prompt: 1, audio_emb: all} -> stream reply (text pieces),
                              spoken (each sampled id, for the talker), then turn (the counts)
     Talker.speak             spoken -> stream speech (PCM16 chunks of a streaming vocoder)
-    Reader.read              speech_text -> stream spoken: the text's own ids (lib/speech.flow:
-                             text to speech through the same talker)
 
 The thinker is flowrt's reference engine (vocabulary of flowstd's tokenizer, hidden 64, lib/
 kvcache.flow's K/V shape), driven by a `PlannedGenerator` from `PrefixMatcher` plans over the
@@ -46,7 +44,7 @@ from flowrt.compute.encoder_cache import EncoderCache
 from flowrt.compute.engine import ContinuousBatcher, ReferenceConfig, ReferenceEngine
 from flowrt.compute.engine.planned import PlannedGenerator
 from flowrt.compute.prefix import Media, PrefixMatcher, Text
-from flowrt.errors import BadInput
+from flowrt.errors import BadInput, FlowrtError
 from flowstd.roles.llm import check_kv_fits, engines_for, stream_generation, token_ids
 
 GLOBAL = "kv"  # the KVCache global lib/voice.flow imports (lib/kvcache.flow)
@@ -63,6 +61,10 @@ NAMESPACE = "flowstd.voice"  # roots the thinker's page chains: no other model s
 
 class VoiceInputError(BadInput):
     """A request the voice roles cannot read: the message names the fix."""
+
+
+class VoiceStateError(FlowrtError, RuntimeError):
+    """The voice roles lost state a call needed (not the caller's doing: a 500)."""
 
 
 def llm_config() -> ReferenceConfig:
@@ -528,22 +530,6 @@ class Thinker:
         }
 
 
-class Reader:
-    """Text to speech (lib/speech.flow): the text's token ids, each as a `spoken` frame for the
-    talker, as the thinker sends its reply's; the talker's speech is that of the text itself."""
-
-    async def setup(self, ctx) -> None:
-        self.tokenizer = VoiceRuntime.shared().tokenizer
-
-    async def read(self, ctx, speech_text):
-        text = speech_text.get("input") if isinstance(speech_text, dict) else speech_text  # (an OpenAI speech body)
-        if not isinstance(text, str) or not text.strip():
-            raise VoiceInputError("the text to speak is empty: send a string with words in it (`input`)")
-        ids = self.tokenizer.encode(text)
-        for index, token in enumerate(ids):
-            yield {"spoken": {"token": token, "index": index, "last": index == len(ids) - 1}}
-
-
 @dataclass
 class _Speaking:
     stream: Any  # the reply's VocoderStream
@@ -556,6 +542,7 @@ class Talker:
     async def setup(self, ctx) -> None:
         VoiceRuntime.shared().build("vocoder", "embedder", "tokenizer")
         self.streams: OrderedDict[tuple, _Speaking] = OrderedDict()
+        self.broken: OrderedDict[tuple, None] = OrderedDict()  # replies whose stream was lost here
 
     async def speak(self, ctx, spoken):
         """The speech the token completes: the vocoder's blocks whose window has now arrived (none
@@ -564,13 +551,20 @@ class Talker:
 
         runtime = VoiceRuntime.shared()
         key = (ctx.session, ctx.call_id)
+        if key in self.broken:  # this reply's stream is lost: its error was reported once, at the first token
+            return
         state = self.streams.pop(key, None)
         if state is None:
             state = _Speaking(runtime.vocoder.stream())
         if spoken["index"] != state.next_index:
-            raise VoiceInputError(
-                f"the talker got token {spoken['index']} of the reply, expecting {state.next_index}: "
-                "its tokens must come in order (lb session)"
+            self.broken[key] = None
+            while len(self.broken) > MAX_STREAMS:
+                self.broken.popitem(last=False)
+            # not the caller's doing: the replica holding the reply's stream went away, or the
+            # graph does not send one reply's tokens to one talker in order (`lb session`)
+            raise VoiceStateError(
+                f"the talker got token {spoken['index']} of the reply, expecting {state.next_index}: the reply's "
+                "speech stream is not here (its replica restarted mid-reply?); the rest of this reply is not spoken"
             )
         token = spoken["token"]
         if token in runtime.tokenizer.special_id_set:  # <|eos|> and the like say nothing

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from flowrt.errors import FlowrtError
+from flowrt.errors import BadInput, FlowrtError
 
 if TYPE_CHECKING:
     from flowstd.tokenizer.chat import ChatPrompt
@@ -43,9 +43,10 @@ INSTALL_HINT = "pip install 'flowc[models]'"
 SHOWN_CHARACTERS = 40  # of an offending string quoted in an error message
 
 
-class TokenizerError(FlowrtError, ValueError):
+class TokenizerError(BadInput):
     """Input the tokenizer cannot take (not a string, a lone surrogate, an id out of range, a
-    malformed chat message); the message names the place and what fits."""
+    malformed chat message); the message names the place and what fits. A `BadInput`: raised
+    in a role, the call's answer is a 400 (the caller's text is what to fix)."""
 
 
 class TokenizerUnavailable(FlowrtError, RuntimeError):
