@@ -29,6 +29,7 @@ from flowrt.compute.prefix import (  # noqa: E402
     TextSegment,
 )
 from flowrt.compute.prefix_segments import sequence_keys  # noqa: E402
+from flowrt.errors import BadInput  # noqa: E402
 from tests.compute.test_prefix_support import HIDDEN, Model, P, make_pool, page_kv, prefill, session, sync  # noqa: E402
 
 IMAGE = b"\x01 a photo"  # 4 positions (tests.compute.test_prefix_support.image_rows)
@@ -146,8 +147,11 @@ async def test_step_zero_starts_over(conversation):
 async def test_a_step_beyond_the_history_is_refused(conversation):
     await conversation.start()
     async with session(conversation.pool, "s", "bad") as kv:
-        with pytest.raises(PrefixError, match=r"step 10 is beyond the history of session 's', which holds 9 positions.*0\.\.9"):
+        with pytest.raises(
+            PrefixError, match=r"step 10 is beyond the history of session 's', which holds 9 positions.*0\.\.9"
+        ) as raised:
             await conversation.matcher.incremental(kv, [Media("image", OTHER_IMAGE)], step=10)
+        assert isinstance(raised.value, BadInput)  # the client's step: a role that lets it through answers 400
         with pytest.raises(PrefixError, match="step must be an int"):
             await conversation.matcher.incremental(kv, NEW, step="5")
     assert conversation.model.encoded == [IMAGE] and conversation.matcher.history("s").n_tokens == 9

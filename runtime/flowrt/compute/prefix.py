@@ -35,7 +35,15 @@ from flowrt.compute.encoder_cache import DEFAULT_CACHE_BYTES, DEFAULT_CACHE_ENTR
 from flowrt.compute.hashing import ROOT, chain_root, content_hash
 from flowrt.compute.prefix_frames import Frame, RecomputeFrame, SegmentFrame, check_cover, cut_frames
 from flowrt.compute.prefix_history import History, HistoryStore, nbytes, on_cpu, rows
-from flowrt.compute.prefix_segments import MediaSegment, PrefixError, Segment, TextSegment, media_segment, text_segment
+from flowrt.compute.prefix_segments import (
+    MediaSegment,
+    PrefixError,
+    Segment,
+    StepError,
+    TextSegment,
+    media_segment,
+    text_segment,
+)
 from flowrt.params.pool import Prefix
 from flowrt.params.session import KVSession
 
@@ -202,12 +210,12 @@ class PrefixMatcher:
         history (None or negative: after all of it). See the module docstring."""
         inputs = _checked_inputs(inputs)
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            raise PrefixError(f"step must be an int (the position the client holds) or None, not {step!r}")
+            raise StepError(f"step must be an int (the position the client holds) or None, not {step!r}")
         old = self.histories.get(kv.session)
         page_tokens = kv.layout.page_tokens
         if old is None:
             if step is not None and step > 0:
-                raise PrefixError(
+                raise StepError(
                     f"session {kv.session!r} has no history in this process (new, ended, moved to another replica, or "
                     f"dropped when the history store was full: {self.histories.max_sessions} sessions / "
                     f"{self.histories.max_bytes} bytes), so step={step!r} cannot be honoured: send the whole conversation "

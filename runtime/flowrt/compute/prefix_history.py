@@ -24,7 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowrt.compute.hashing import ROOT
-from flowrt.compute.prefix_segments import MediaSegment, Placed, PrefixError, Segment, TextSegment, chain_keys, token_ids
+from flowrt.compute.prefix_segments import (
+    MediaSegment,
+    Placed,
+    PrefixError,
+    Segment,
+    StepError,
+    TextSegment,
+    chain_keys,
+    token_ids,
+)
 
 DEFAULT_HISTORY_BYTES = 512 << 20
 DEFAULT_HISTORY_SESSIONS = 4096
@@ -121,15 +130,15 @@ class History:
     def check_step(self, step: int, session: str) -> None:
         """Refuse a cut that is not a position of this history or falls inside a media segment."""
         if isinstance(step, bool) or not isinstance(step, int):
-            raise PrefixError(f"step must be an int (a position in the history of session {session!r}), not {step!r}")
+            raise StepError(f"step must be an int (a position in the history of session {session!r}), not {step!r}")
         if step > self.n_tokens:
-            raise PrefixError(
+            raise StepError(
                 f"step {step} is beyond the history of session {session!r}, which holds {self.n_tokens} positions: send the "
                 f"position the client holds (0..{self.n_tokens}), or leave step out (or make it negative) to append"
             )
         for item in self.placed:
             if item.offset < step < item.end and isinstance(item.segment, MediaSegment):
-                raise PrefixError(
+                raise StepError(
                     f"step {step} falls inside the {item.segment.modality} segment at positions {item.offset}..{item.end} of "
                     f"the history of session {session!r}: a media segment is kept whole or not at all, so send step={item.offset} "
                     f"(drop it) or step={item.end} (keep it)"

@@ -31,13 +31,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowrt.compute.hashing import DIGEST_SIZE, ROOT, HashError, content_hash, page_hashes
-from flowrt.errors import FlowrtError
+from flowrt.errors import BadInput, FlowrtError
 
 TEXT = "text"  # the modality name of text segments and their frames
 
 
 class PrefixError(FlowrtError, ValueError):
     """Prefix matching was given something it cannot use (a bad step, segment, hash or hidden state)."""
+
+
+class StepError(PrefixError, BadInput):
+    """A `step` the session's history cannot honour: the client's to fix (a 400, raised in a role)."""
 
 
 @dataclass(frozen=True, slots=True)
