@@ -233,6 +233,18 @@ def _prefix_scope(value: Any, keyed: bool) -> str:
     return scope
 
 
+def _environment_keys(environ: Mapping[str, str], name: str) -> list[str]:
+    """The comma-separated keys of `$name`. Set but holding none (an empty secret, a lone comma)
+    is an error, as an empty key file is: a deployment whose secret failed to arrive must not
+    serve without keys."""
+    if name not in environ:
+        return []
+    keys = [key for key in environ[name].split(",") if key.strip()]
+    if not keys:
+        raise ValueError(f"${name} is set but holds no key (comma-separated); give the keys, or unset it to serve without")
+    return [_key(key, f"${name}") for key in keys]
+
+
 def read_key_file(path: str) -> list[str]:
     """The keys in `path`, one a line; ValueError naming the file and what is wrong."""
     try:
@@ -261,12 +273,12 @@ def front_door(given: Mapping[str, Any], environ: Mapping[str, str] | None = Non
 
     admin: list[str] = []
     add(admin, [_key(k, "--admin-key") for k in given.get("admin_key") or ()], "--admin-key")
-    add(admin, [_key(k, f"${ADMIN_KEYS_ENV}") for k in environ.get(ADMIN_KEYS_ENV, "").split(",") if k.strip()], ADMIN_KEYS_ENV)
+    add(admin, _environment_keys(environ, ADMIN_KEYS_ENV), ADMIN_KEYS_ENV)
     keys: list[str] = []
     add(keys, [_key(k, "--api-key") for k in given.get("api_key") or ()], "--api-key")
     if given.get("api_key_file"):
         add(keys, read_key_file(str(given["api_key_file"])), "--api-key-file")
-    add(keys, [_key(k, f"${API_KEYS_ENV}") for k in environ.get(API_KEYS_ENV, "").split(",") if k.strip()], API_KEYS_ENV)
+    add(keys, _environment_keys(environ, API_KEYS_ENV), API_KEYS_ENV)
     protect = bool(given.get("protect_metrics"))
     if protect and not (keys or admin):
         raise ValueError("--protect-metrics asks for a key on /metrics and /health: give --api-key or --admin-key too")

@@ -141,6 +141,30 @@ def _not_quiet_events(record: logging.LogRecord) -> bool:
 FOREIGN_LOGGERS = ("aiohttp", "opentelemetry", "urllib3")
 
 
+class _MalformedRequests(logging.Filter):
+    """aiohttp logs an ERROR for every request it cannot parse (a header too large, a smuggling
+    attempt), which it has already answered 400: anyone could fill the log with them. Without
+    --debug the first is logged and then one in MALFORMED_EVERY, each saying how many went unlogged."""
+
+    MALFORMED_EVERY = 1000
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import BadHttpMessage  # (only aiohttp's server logs here)
+
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, BadHttpMessage):
+            return True
+        self.seen += 1
+        if self.seen != 1 and self.seen % self.MALFORMED_EVERY:
+            return False
+        record.msg = f"{record.msg} (malformed requests so far: {self.seen}; each was answered 400; --debug logs every one)"
+        return True
+
+
 def show_log(debug: bool = False, log_format: str = "text", defaults: dict[str, Any] | None = None) -> logging.Handler:
     """Send the `flowrt` logger's records to stderr as text (tracebacks only with `debug`) or
     JSON lines (`log_format`; `defaults`: fields of every line, a replica's role and replica)."""
@@ -170,6 +194,11 @@ def show_log(debug: bool = False, log_format: str = "text", defaults: dict[str, 
         foreign.addHandler(handler)
         foreign.setLevel(logging.DEBUG if debug else logging.WARNING)
         foreign.propagate = False
+    server_log = logging.getLogger("aiohttp.server")
+    for old in [f for f in server_log.filters if isinstance(f, _MalformedRequests)]:
+        server_log.removeFilter(old)
+    if not debug:
+        server_log.addFilter(_MalformedRequests())
     # Python's warnings (a stale compiled core, say): JSON lines too, where stderr holds only those
     logging.captureWarnings(log_format == "json")
     warnings_log = logging.getLogger("py.warnings")

@@ -132,3 +132,12 @@ def test_error_events_lose_their_paths(tmp_path: Path):
     (told,) = client_events([done], [root])
     assert [e["message"] for e in told["errors"]] == ["no <hidden> or <hidden> here", "fine"]
     assert [e["where"] for e in told["errors"]] == ["pkg/roles.py:7", "x.py:9"]
+
+
+@pytest.mark.parametrize("value", ["", ",", " , "])
+@pytest.mark.parametrize("name", ["FLOWC_API_KEYS", "FLOWC_ADMIN_KEYS"])
+def test_a_key_variable_that_is_set_but_empty_is_refused_not_an_open_server(name: str, value: str):
+    """A secret that failed to arrive (found by a security trial: the server came up without keys)."""
+    with pytest.raises(ValueError, match=rf"\${name} is set but holds no key"):
+        front_door({}, {name: value})
+    assert not front_door({}, {}).keyed  # unset: a server without keys, as documented

@@ -173,7 +173,7 @@ def test_under_local_stats_shows_no_paths_or_pids_and_errors_no_socket_paths(bun
     assert error["where"] == f"roles.py:{guarded.LEAK_LINE}"
 
 
-def test_a_session_id_that_is_not_utf8_is_refused_at_the_door(server: Server):
+def test_a_session_id_that_is_not_utf8_or_too_long_is_refused_at_the_door(server: Server):
     """A lone surrogate in `user`, or a header byte that is not UTF-8, could be told to no replica
     process (found by a fault trial: a 500 under `local`): 400 on both endpoints, before any call."""
     connection = http.client.HTTPConnection(server.host, server.port, timeout=30)
@@ -193,3 +193,7 @@ def test_a_session_id_that_is_not_utf8_is_refused_at_the_door(server: Server):
     status, _, body = request(server, "POST", "/v1/chat/completions", sent, KEY_A)
     error = json.loads(body)["error"]
     assert status == 400 and error["code"] == "invalid_session" and "lone surrogate" in error["message"]
+    # nor a session id of megabytes (it would name Redis keys and every process's tables)
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(server, KEY_A).chat.completions.create(model="talk", messages=user("hi"), user="u" * 4096)
+    assert raised.value.code == "invalid_session" and "at most 256 characters, not 4,096" in raised.value.message

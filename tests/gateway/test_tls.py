@@ -172,3 +172,27 @@ def test_both_command_lines_refuse_a_half_pair_without_a_traceback(bundle: Path,
     )
     assert bundled.returncode == 2 and "--tls-key needs --tls-cert too" in bundled.stderr, bundled.stderr
     assert "Traceback" not in run.stderr + bundled.stderr
+
+
+def test_a_tls_handshake_that_never_ends_is_closed_after_the_header_timeout(bundle: Path, pair: tuple[Path, Path]):
+    """Slowloris on the handshake (found by a security trial: asyncio's default held such a
+    connection 60 s whatever --header-timeout said): nothing sent, or a ClientHello begun and
+    never finished, is closed like a header that never ends."""
+    import socket
+
+    from tests.gateway.test_admission import read_until_closed
+
+    cert, key = pair
+    options = ["--tls-cert", str(cert), "--tls-key", str(key), "--header-timeout", "1", "--grace", "0"]
+    with serving(bundle, guarded.command(bundle, *options)) as server:
+        silent = socket.create_connection((server.host, server.port), timeout=10)
+        begun = socket.create_connection((server.host, server.port), timeout=10)
+        begun.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a record header and the hello's start
+        for connection in (silent, begun):
+            assert read_until_closed(connection, 30) == b""  # (60 s without the limit)
+            connection.close()
+        trusting = ssl.create_default_context(cafile=str(cert))
+        connection = http.client.HTTPSConnection(server.host, server.port, timeout=30, context=trusting)
+        connection.request("GET", "/health")
+        assert connection.getresponse().status == 200  # still serving
+        connection.close()

@@ -143,3 +143,38 @@ def test_a_bundle_serving_itself_logs_json_too(tmp_path: Path):
     assert named(events, "server_started") and named(events, "role_error", role="worker")
     (ended,) = named(events, "call_ended")
     assert ended["status"] == "error" and named(events, "role_error", call_id=ended["call_id"])
+
+
+def test_requests_aiohttp_cannot_parse_are_logged_once_in_a_thousand_without_debug():
+    """A security trial filled the log with one ERROR per malformed request (each already
+    answered 400); now the first is logged, then one in a thousand, counting them."""
+    import logging as logging_
+
+    from aiohttp.http_exceptions import LineTooLong
+
+    from flowrt.logs import show_log
+
+    server_log = logging_.getLogger("aiohttp.server")
+
+    def record(error: Exception) -> logging_.LogRecord:
+        return server_log.makeRecord(
+            "aiohttp.server", logging_.ERROR, "x", 1, "Error handling request", (), (type(error), error, None)
+        )
+
+    names = ("flowrt", "py.warnings", "aiohttp", "aiohttp.server", "opentelemetry", "urllib3")
+    saved = {n: (list(logging_.getLogger(n).handlers), list(logging_.getLogger(n).filters), logging_.getLogger(n).level,
+                 logging_.getLogger(n).propagate) for n in names}  # fmt: skip
+    show_log(debug=False)
+    try:
+        (guard,) = [f for f in server_log.filters if type(f).__name__ == "_MalformedRequests"]
+        kept = [guard.filter(record(LineTooLong("header", "8190"))) for _ in range(2500)]
+        assert [i for i, k in enumerate(kept) if k] == [0, 999, 1999]  # the 1st, 1000th and 2000th
+        assert guard.filter(record(RuntimeError("a bug in a handler")))  # anything else is logged every time
+        show_log(debug=True)
+        assert not [f for f in server_log.filters if type(f).__name__ == "_MalformedRequests"]  # --debug: every one
+    finally:  # (this process's loggers as they were: other tests read them)
+        logging_.captureWarnings(False)
+        for name, (handlers, filters, level, propagate) in saved.items():
+            logger = logging_.getLogger(name)
+            logger.handlers[:], logger.filters[:], logger.propagate = handlers, filters, propagate
+            logger.setLevel(level)

@@ -40,12 +40,17 @@ def anonymous_session() -> str:
     return ANONYMOUS + secrets.token_urlsafe(16)
 
 
+MAX_SESSION_CHARS = 256
+
+
 def reserved(session: str) -> str | None:
     """Why a caller may not name `session` (it is in the runtime's own namespace), else None."""
     if session.startswith(ANONYMOUS):
         return (
             f"session ids starting with `{ANONYMOUS}` are the runtime's own (a call without a session gets one); choose another"
         )
+    if len(session) > MAX_SESSION_CHARS:  # it names Redis keys and every process's tables
+        return f"a session id is at most {MAX_SESSION_CHARS} characters, not {len(session):,}"
     try:
         session.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate, or a header byte that is not UTF-8: no process could be told it

@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -121,7 +122,7 @@ async def serve(
     try:
         await runner.setup()
         app[HEADERS].install(runner.server)
-        site = web.TCPSite(runner, host, port, ssl_context=front.tls)  # --tls-cert, --tls-key: https
+        site = _Site(runner, host, port, ssl_context=front.tls, handshake_timeout=front.header_timeout)
         try:
             await site.start()
         except OSError as error:
@@ -156,6 +157,32 @@ async def serve(
             await runner.cleanup()
         finally:
             await deployment.close()  # the replica processes stop with the server, however it stops
+
+
+class _Site(web.TCPSite):
+    """aiohttp's TCP site, whose TLS handshake must end within `handshake_timeout` (the header
+    timeout: a connection that sends no whole request header in time is closed, TLS or not;
+    asyncio's own default holds a silent TLS connection for 60 s)."""
+
+    def __init__(self, *args: Any, handshake_timeout: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handshake_timeout = handshake_timeout
+
+    async def start(self) -> None:
+        if self._ssl_context is None:
+            return await super().start()
+        await web.BaseSite.start(self)  # (TCPSite.start, with the handshake's limit)
+        self._server = await asyncio.get_running_loop().create_server(
+            self._runner.server,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+            ssl_handshake_timeout=self._handshake_timeout,
+        )
+        self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
 
 
 def _say(line: str, name: str) -> None:
