@@ -127,8 +127,10 @@ class Link:
         loop = asyncio.get_running_loop()
         self.reader = Reader(sock, lambda frames: remote.received(self, frames), loop)
         self.out = Coalescer(sock, self.reader, loop)
+        self.traffic = remote.traffic
 
-    def send(self, envelope: m.Message, payload: list | None = None) -> None:
+    def send(self, envelope: m.Message, payload: list | None = None, counted: bool = True) -> None:
+        self.traffic[0] += counted  # (a statistics probe is not a call's message)
         self.out.send([m.encode(envelope)] if payload is None else [m.encode(envelope), *payload])
 
     def close(self) -> None:
@@ -147,6 +149,7 @@ class Remote:
         self.acts = itertools.count(1)
         self.probes: dict[int, asyncio.Future] = {}
         self.garbage = 0
+        self.traffic = [0, 0]  # calls' messages sent, received (however batched; docs/design/decentralised.md)
         self.up_event = asyncio.Event()  # set whenever a replica comes up (tests and start-up wait on it)
         self.wait = wait  # seconds an activation waits for a replica of its role (REPLICA_WAIT)
         self.queues: dict[str, deque[Turn]] = {role: deque() for role in replicas}  # activations waiting for a replica
@@ -227,6 +230,8 @@ class Remote:
                 for each in messages:
                     self.received(link, each, nested=True)
                 return
+            if kind is not m.Stats:
+                self.traffic[1] += 1
             if kind is m.Stats:
                 probe = self.probes.pop(message.token, None)
                 if probe is not None and not probe.done():
@@ -428,7 +433,7 @@ class Remote:
         for (role, replica), link in sorted(self.links.items()):
             token = next(self.acts)
             asked[f"{role}/{replica}"] = (token, self.probes.setdefault(token, loop.create_future()))
-            link.send(m.Probe(VERSION, token))
+            link.send(m.Probe(VERSION, token), counted=False)
         try:
             if asked:
                 await asyncio.wait([future for _, future in asked.values()], timeout=timeout)
@@ -446,6 +451,8 @@ class Remote:
             "remote_activations": sum(len(link.pending) for link in self.links.values()),
             "waiting_activations": sum(len(queue) for queue in self.queues.values()),
             "garbage_messages": self.garbage,
+            "gateway_messages_sent": self.traffic[0],
+            "gateway_messages_received": self.traffic[1],
         }
 
     def close(self) -> None:
