@@ -38,7 +38,8 @@ def test_no_compiler_module_imports_itself_through_others():
 
 def test_only_the_command_line_reaches_the_runtime():
     reaching = {m for m in MODULES if any(t.split(".")[0] == "flowrt" for t in imports(m))}
-    assert reaching == {"flowc.cli", "flowc.running"}
+    # (flowc.top is a command too: it reads the key variables' names where they are defined, flowrt.frontdoor)
+    assert reaching == {"flowc.cli", "flowc.running", "flowc.top"}
 
 
 def test_every_compiler_module_has_a_docstring_and_a_readable_size():

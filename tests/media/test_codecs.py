@@ -213,8 +213,13 @@ def test_carried_wavs_join_into_one():
     whole = media.joined_wav(pieces)
     assert (whole["format"], whole["sample_rate"], whole["samples"]) == ("wav", 16000, 8000)
     assert base64.b64decode(whole["base64"]) == media.encode_wav(TONE.tobytes(), 16000)
-    with pytest.raises(ValueError, match="piece 1 is not mono PCM16 at 16000 Hz like the others"):
+    with pytest.raises(ValueError, match="piece 1 is at 8000 Hz, the others at 16000 Hz"):
         media.joined_wav([pieces[0], media.carried("wav", media.encode_wav(TONE.tobytes(), 8000))])
+    with pytest.raises(ValueError, match="piece 1 is not mono PCM16"):
+        media.joined_wav([pieces[0], media.carried("wav", media.encode_wav(TONE.tobytes(), 16000, channels=2))])
+    with pytest.raises(ValueError, match="piece 0 is 'png', not a carried wav"):
+        media.joined_wav([media.carried("png", b"x")])
+    assert media.carried_pcm16(pieces[1]) == (TONE[3000:].tobytes(), 16000)
 
 
 def lying_wav(declared: int) -> bytes:

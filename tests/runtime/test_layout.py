@@ -12,7 +12,7 @@ import networkx as nx
 from tests.conftest import REPO
 
 FLOWRT = REPO / "runtime" / "flowrt"
-BASE = {"flowrt", "tables", "values", "errors", "options", "frontdoor", "entry_types", "logs", "extensions"}
+BASE = {"flowrt", "tables", "values", "errors", "options", "frontdoor", "entry_types", "logs", "extensions", "media"}
 ALLOWED = {  # package -> what it may import (its own modules too)
     "deploy": {"gateway", "observe", "registry", "memory", "params", "compute", "transport", "control", "bundle"} | BASE,
     "compute": {"params", "memory"} | BASE,

@@ -10,18 +10,13 @@ the place as the embedded runtime words them, so a call's events do not depend o
 roles ran. `Remote` owns one DEALER socket per replica incarnation the registry reported up,
 and ends every activation waiting on one that goes down with an error naming it.
 
-An activation of a role none of whose replicas is up (all restarting) is not refused: its
-stand-in first waits, in a queue per role (first come, first started; while some wait, new
-ones queue behind them), until a replica comes up, then chooses one (broadcast: every one up)
-and starts there. `begin` returns a ticket (a negative replica) that `finished` turns into the
-replica chosen, so the load counts stay exact; `waiting_activations` counts those queued. It
-fails only when none comes up within REPLICA_WAIT seconds ($FLOWRT_REPLICA_WAIT), with an
-error saying how long it waited and what the supervisor knows of why (`explain`).
-
-`moved` counts, per producer (graph, role.interface) and the fields of its frames, the frames
-that came from replicas and their bytes as the data plane moved them (the pickled payload's ZMQ
-frames, plus the tensors it mapped from shared memory): /metrics' bytes per edge
-(flowrt.deploy.observed).
+An activation of a role none of whose replicas is up (all restarting) waits, in a queue per
+role (first come, first started), until one comes up (broadcast: every one up); `begin`
+returns a ticket (a negative replica) that `finished` turns into the replica chosen, so load
+counts stay exact. It fails only when none comes up within REPLICA_WAIT seconds
+($FLOWRT_REPLICA_WAIT), saying how long it waited and why (`explain`). `moved` counts, per
+producer and the fields of its frames, the frames from replicas and their bytes as the data
+plane moved them: /metrics' bytes per edge (flowrt.deploy.observed).
 """
 
 from __future__ import annotations
@@ -435,15 +430,12 @@ class Remote:
             asked[f"{role}/{replica}"] = (token, self.probes.setdefault(token, loop.create_future()))
             link.send(m.Probe(VERSION, token), counted=False)
         try:
-            if asked:
-                await asyncio.wait([future for _, future in asked.values()], timeout=timeout)
+            await asyncio.wait([future for _, future in asked.values()], timeout=timeout) if asked else None
         finally:
             for token, _ in asked.values():
                 self.probes.pop(token, None)
-        return {
-            name: future.result() if future.done() and not future.cancelled() else {"unanswered": 1}
-            for name, (_, future) in asked.items()
-        }
+        done = {name: future for name, (_, future) in asked.items() if future.done() and not future.cancelled()}
+        return {name: done[name].result() if name in done else {"unanswered": 1} for name in asked}
 
     def statistics(self) -> dict[str, int]:
         return {
