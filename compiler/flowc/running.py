@@ -67,10 +67,13 @@ def front_door_options(command: Any) -> Any:
 
 
 def parse_input(text: str) -> dict:
-    """`--input`: a JSON object, or @FILE holding one."""
+    """`--input`: a JSON object, or @FILE holding one. A string `file:PATH` anywhere in it is
+    that file, as a data URL (`with_files`): how a local image or clip goes to a role."""
     source = "--input"
+    base = Path.cwd()
     if text.startswith("@"):
         source = text[1:]
+        base = Path(source).parent
         try:
             text = Path(source).read_text(encoding="utf-8")
         except OSError as error:
@@ -85,7 +88,44 @@ def parse_input(text: str) -> dict:
         raise Refused(f"--input is not valid JSON ({error})") from None
     if not isinstance(value, dict):
         raise Refused("--input must be a JSON object mapping each entry placeholder to its value")
+    return with_files(value, base)
+
+
+FILE_PREFIX = "file:"
+
+
+def with_files(value: dict, base: Path) -> dict:
+    """`value` with each string `file:PATH` (relative to `base`) replaced by the file as a
+    `data:` URL, which flowstd's media reading takes wherever it takes base64 (flowrt.media).
+    Only the command line reads local files: a served call's `file:` URL is refused by the roles."""
+    todo: list[Any] = [value]
+    while todo:
+        node = todo.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, item in list(items):
+            if isinstance(item, (dict, list)):
+                todo.append(item)
+            elif isinstance(item, str) and item.startswith(FILE_PREFIX):
+                node[key] = _data_url(base / item[len(FILE_PREFIX) :].removeprefix("//"))
     return value
+
+
+def _data_url(path: Path) -> str:
+    import base64
+    import mimetypes
+
+    from flowrt.media import media_limits
+
+    limit = media_limits().max_media_bytes
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise Refused(f"--input: {path} is {size:,} bytes; media files are at most {limit:,} (FLOWRT_MAX_MEDIA_BYTES)")
+        data = path.read_bytes()
+    except OSError as error:
+        raise Refused(f"--input: cannot read file:{path}: {error.strerror or error}") from None
+    mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def option_value(check: Any, name: str, value: Any) -> Any:

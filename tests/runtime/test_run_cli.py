@@ -216,3 +216,42 @@ def test_role_errors_are_logged_on_stderr_with_the_traceback_under_debug(tmp_pat
     assert "Traceback" not in plain.stderr and "(--debug shows the traceback)" in plain.stderr
     for traced in (debug, after):  # `--debug` before or after `run`
         assert "Traceback" in traced.stderr and "workers.py" in traced.stderr and "ValueError: cannot do that" in traced.stderr
+
+
+MEDIA_WORKERS = """
+from flowrt import media
+
+
+class Worker:
+    async def run(self, ctx, request):
+        found = {}
+        for name, value in request.items():
+            data = media.media_bytes(value, part=name, kind="audio" if name == "clip" else "image")
+            found[name] = {"bytes": len(data), "format": media.sniff(data)}
+        return {"result": found}
+"""
+
+
+def test_a_file_url_in_the_input_is_sent_as_the_file(tmp_path):
+    """`--input` strings `file:PATH` become the file as a data URL (relative to the input file's
+    directory, or the working directory), so a local image or clip reaches a role's media reading;
+    a missing file is one line naming it."""
+    (tmp_path / "pipeline.flow").write_text(FLOW)
+    (tmp_path / "workers.py").write_text(MEDIA_WORKERS)
+    media_dir = tmp_path / "media"
+    media_dir.mkdir()
+    png = b"\x89PNG\r\n\x1a\n" + bytes(40)
+    wav = b"RIFF" + (36).to_bytes(4, "little") + b"WAVEfmt " + bytes(28)
+    (media_dir / "cat.png").write_bytes(png)
+    (media_dir / "hello.wav").write_bytes(wav)
+    (media_dir / "request.json").write_text(json.dumps({"request": {"picture": "file:cat.png", "clip": "file:hello.wav"}}))
+    result = flowc("run", "pipeline.flow", "--once", "g", "--input", "@media/request.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.splitlines()[0])["value"]
+    assert found == {"picture": {"bytes": len(png), "format": "PNG"}, "clip": {"bytes": len(wav), "format": "WAV"}}
+    inline = json.dumps({"request": {"picture": f"file://{media_dir / 'cat.png'}"}})
+    assert json.loads(flowc("run", "pipeline.flow", "--once", "g", "--input", inline, cwd=tmp_path).stdout.splitlines()[0])[
+        "value"
+    ] == {"picture": {"bytes": len(png), "format": "PNG"}}
+    missing = flowc("run", "pipeline.flow", "--once", "g", "--input", '{"request": {"x": "file:nope.png"}}', cwd=tmp_path)
+    assert missing.returncode == 2 and "--input: cannot read file:" in missing.stderr and "Traceback" not in missing.stderr
