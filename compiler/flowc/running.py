@@ -91,27 +91,16 @@ def parse_input(text: str) -> dict:
     return with_files(value, base)
 
 
-FILE_PREFIX = "file:"
-
-
 def with_files(value: dict, base: Path) -> dict:
-    """`value` with each string `file:PATH` (relative to `base`) replaced by the file as a
-    `data:` URL, which flowstd's media reading takes wherever it takes base64 (flowrt.media).
-    Only the command line reads local files: a served call's `file:` URL is refused by the roles."""
-    todo: list[Any] = [value]
-    while todo:
-        node = todo.pop()
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        for key, item in list(items):
-            if isinstance(item, (dict, list)):
-                todo.append(item)
-            elif isinstance(item, str) and item.startswith(FILE_PREFIX):
-                node[key] = _data_url(base / item[len(FILE_PREFIX) :].removeprefix("//"))
-    return value
+    """`value` with each string `file:PATH` (relative to `base`; `file:///abs` too) replaced by
+    the file as a `data:` URL (flowrt.media.with_files). Only the command line reads local
+    files: a served call's `file:` URL is refused by the roles."""
+    from flowrt.media import with_files as replaced
+
+    return replaced(value, lambda name: _local_file(base / name.removeprefix("//")))
 
 
-def _data_url(path: Path) -> str:
-    import base64
+def _local_file(path: Path) -> tuple[bytes, str]:
     import mimetypes
 
     from flowrt.media import media_limits
@@ -121,11 +110,9 @@ def _data_url(path: Path) -> str:
         size = path.stat().st_size
         if size > limit:
             raise Refused(f"--input: {path} is {size:,} bytes; media files are at most {limit:,} (FLOWRT_MAX_MEDIA_BYTES)")
-        data = path.read_bytes()
+        return path.read_bytes(), mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     except OSError as error:
         raise Refused(f"--input: cannot read file:{path}: {error.strerror or error}") from None
-    mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def option_value(check: Any, name: str, value: Any) -> Any:

@@ -9,6 +9,7 @@
     carried(format, data, **fields)          the JSON a value's `media()` gives: {"format", "base64", ...}
     joined_wav(pieces)                       carried PCM16 WAVs (speech chunks) joined into one
     carried_pcm16(piece)                     a carried PCM16 WAV -> (its samples' bytes, its sample rate)
+    with_files(value, resolve)               JSON whose `file:NAME` strings become data URLs (a CLI's files, uploads)
 
 **Limits** (`MediaLimits`, read from the environment at each call, or passed as `limits=`):
 FLOWRT_MAX_IMAGE_PIXELS (16,777,216: 4096 x 4096), FLOWRT_MAX_MEDIA_BYTES (20 MiB of encoded
@@ -43,7 +44,7 @@ import re
 import struct
 import wave
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -400,6 +401,28 @@ def carried_pcm16(piece: Any, name: str = "the audio") -> tuple[bytes, int]:
             return file.readframes(file.getnframes()), file.getframerate()
     except (wave.Error, EOFError, binascii.Error) as error:
         raise ValueError(f"{name} is not a readable WAV ({error})") from None
+
+
+# ── files named in a request ──
+
+FILE_PREFIX = "file:"
+
+
+def with_files(value: Any, resolve: Callable[[str], tuple[bytes, str]]) -> Any:
+    """`value` (JSON) with each string `file:NAME` replaced by a `data:` URL of `resolve(NAME)`,
+    (the bytes, their MIME type), which the media readers take wherever they take base64: how
+    `flowc run --input` sends a local file and a multipart request an uploaded part. `resolve`
+    raises to refuse a name. Walked without recursion; `value` is changed in place."""
+    todo = [value] if isinstance(value, (dict, list)) else []
+    while todo:
+        node = todo.pop()
+        for key, item in list(node.items() if isinstance(node, dict) else enumerate(node)):
+            if isinstance(item, (dict, list)):
+                todo.append(item)
+            elif isinstance(item, str) and item.startswith(FILE_PREFIX):
+                data, mime = resolve(item[len(FILE_PREFIX) :])
+                node[key] = f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+    return value
 
 
 def _require(module: str, package: str, purpose: str) -> Any:

@@ -64,6 +64,7 @@ from flowrt.gateway import openai_routes
 from flowrt.gateway.access import ADMIN, PRINCIPAL, Access, SessionOwners, refused_session
 from flowrt.gateway.admission import Admission, HeaderDeadline, Refused, read_body
 from flowrt.gateway.exposure import client_events, hide_paths, public_stats
+from flowrt.gateway.uploads import UploadError, multipart_inputs
 from flowrt.observe import CallTrace, Metrics, combine, otlp
 from flowrt.observe.calls import CallsInFlight
 from flowrt.observe.deployment import DeploymentMetrics
@@ -244,6 +245,11 @@ async def _read_inputs(request: web.Request, entry: tuple[str, ...]) -> Any:
         return refusal(refused)
     except web.RequestPayloadError as error:  # e.g. `Content-Encoding: gzip` on a body that is not gzip
         return _error(400, unreadable_body(error), f"{hint}, encoded as its Content-Encoding and Transfer-Encoding say")
+    if request.content_type == "multipart/form-data":  # media as uploaded files (flowrt.gateway.uploads)
+        try:
+            return multipart_inputs(request.headers.get("Content-Type", ""), body)
+        except UploadError as error:
+            return _error(400, str(error), hint)
     try:
         return json.loads(body)
     except RecursionError:
