@@ -26,25 +26,12 @@ from tests.conftest import HAVE_MODELS, NO_MODELS, REPO
 
 pytestmark = pytest.mark.skipif(not HAVE_MODELS, reason=NO_MODELS)
 
+if HAVE_MODELS:
+    from tests.examples_models.test_media_roles import bundle, image_chat  # noqa: F401 - a fixture
+
 QUESTION = "what is in this picture?"
 IMAGE_ROWS = 16  # the multimodal ViT's rows for an image (32x32, flowstd.roles.multimodal.IMAGE_SIZE)
 SPLIT_TEXT = "café 🙂"  # é: two byte tokens in flowstd's tokenizer, 🙂: four
-
-
-def bundle(name: str, directory):
-    from flowc.check import check_source
-    from flowc.codegen import build_bundle
-
-    source = REPO / "examples" / name / "pipeline.flow"
-    result = check_source(source.read_text(), "pipeline.flow", source)
-    assert result.ok, [f"{d.code} {d.message}" for d in result.diagnostics]
-    build_bundle(result.program, source, directory).write(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def image_chat(tmp_path_factory):
-    return bundle("image_chat_models", tmp_path_factory.mktemp("image_chat_models") / "bundle")
 
 
 def called(path, graph: str, inputs: dict) -> list[dict]:
