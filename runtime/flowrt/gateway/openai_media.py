@@ -32,6 +32,7 @@ from flowrt.values import summarize
 
 MAX_SPEECH_INPUT = 4096  # characters of `input`, as OpenAI's
 MAX_EMBEDDING_INPUTS = 2048  # texts in one embeddings request, as OpenAI's
+EMBEDDING_CALLS = 16  # of one request's texts, calls running at once (the request holds one admission place)
 SPEECH_FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
 ENCODINGS = ("float", "base64")
 
@@ -145,7 +146,13 @@ class MediaEndpoints:
 
         async def answer() -> web.Response:
             entries = [{**body, "input": text} if target.whole_body else text for text in texts]
-            outcomes = await asyncio.gather(*(self._run(target, entry, session) for entry in entries))
+            running = asyncio.Semaphore(EMBEDDING_CALLS)
+
+            async def one(entry: Any) -> Outcome:
+                async with running:
+                    return await self._run(target, entry, session)
+
+            outcomes = await asyncio.gather(*(one(entry) for entry in entries))
             data, prompt_tokens = [], 0
             for index, outcome in enumerate(outcomes):
                 if outcome.error is not None:
@@ -161,7 +168,7 @@ class MediaEndpoints:
             usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
             return web.json_response({"object": "list", "data": data, "model": target.graph, "usage": usage})
 
-        # one place for the request: its texts' calls run together under it (a session runs them in turn)
+        # one place for the request: its texts' calls run under it, EMBEDDING_CALLS at a time
         return await self.v1.admitted(request, session, answer)
 
     # ── the pieces ──
