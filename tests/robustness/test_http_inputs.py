@@ -228,10 +228,26 @@ ROWS = [
     ("idle-inf", request("GET", "/stats?idle=inf"), 400, "not 'inf'"),
     ("idle-negative", request("GET", "/stats?idle=-1"), 400, "not '-1'"),
     (
-        "multipart-body",
+        "multipart-body-without-names",
         post("/graphs/echo", b"--x\r\n\r\nhi\r\n--x--", "multipart/form-data; boundary=x"),
         400,
-        "the body is not JSON (Content-Type: multipart/form-data)",
+        "a part has no name (Content-Disposition: form-data; name=...)",
+    ),
+    (
+        "multipart-body-without-input",
+        post(
+            "/graphs/echo",
+            b'--x\r\nContent-Disposition: form-data; name="a"\r\n\r\nhi\r\n--x--',
+            "multipart/form-data; boundary=x",
+        ),
+        400,
+        "no part named `input` holds the entry values",
+    ),
+    (
+        "multipart-body-that-is-not-multipart",
+        post("/graphs/echo", b"garbage without boundaries", "multipart/form-data; boundary=x"),
+        400,
+        "the multipart body could not be read",
     ),
     (
         "gzip-that-is-not-gzip",
