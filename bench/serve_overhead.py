@@ -181,6 +181,9 @@ def measure(requests: int, batches: int) -> None:
     print(f"| embedded `Runtime.call` | {e:.0f} | {min(embedded):.0f} | {max(embedded):.0f} | - |")
     print(f"| served (server process) | {s:.0f} | {min(served):.0f} | {max(served):.0f} | {statistics.median(chunks):.1f} |")
     print(f"| served with --api-key (server process) | {k:.0f} | {min(keyed):.0f} | {max(keyed):.0f} | - |")
+    if not (e and s and all(served)):  # a batch too short for the clock's tick (10 ms) measures 0: say so
+        print("a batch took less CPU than the clock measures: give more --requests for ratios")
+        return
     print(f"served/embedded = {s / e:.2f}x (goal: ≤ 2x)")
     check = key_check_us()
     print(f"the key check alone, in this process: {check:.2f} µs per request ({check / s:.2%} of a served call)")
