@@ -430,7 +430,8 @@ class Remote:
             asked[f"{role}/{replica}"] = (token, self.probes.setdefault(token, loop.create_future()))
             link.send(m.Probe(VERSION, token), counted=False)
         try:
-            await asyncio.wait([future for _, future in asked.values()], timeout=timeout) if asked else None
+            if asked:
+                await asyncio.wait([future for _, future in asked.values()], timeout=timeout)
         finally:
             for token, _ in asked.values():
                 self.probes.pop(token, None)
