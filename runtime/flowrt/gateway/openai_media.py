@@ -66,10 +66,10 @@ class MediaEndpoints:
     # ── the handlers ──
 
     async def images(self, request: web.Request) -> web.StreamResponse:
-        body = await self.v1.body(request)
-        if isinstance(body, web.Response):
-            return body
-        target = self._target(body, "images", "image")
+        opened = await self._open(request, "images", "image")
+        if isinstance(opened, web.Response):
+            return opened
+        body, target = opened
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise ChatError(400, f"`prompt` must be a non-empty string describing the image, not {_shown(prompt)}", "prompt")
@@ -96,10 +96,10 @@ class MediaEndpoints:
         return await self.v1.admitted(request, session_of(body, request.headers), answer)
 
     async def speech(self, request: web.Request) -> web.StreamResponse:
-        body = await self.v1.body(request)
-        if isinstance(body, web.Response):
-            return body
-        target = self._target(body, "speech", "audio")
+        opened = await self._open(request, "speech", "audio")
+        if isinstance(opened, web.Response):
+            return opened
+        body, target = opened
         text = body.get("input")
         if not isinstance(text, str) or not text:
             raise ChatError(400, f"`input` must be the non-empty text to speak, not {_shown(text)}", "input")
@@ -130,10 +130,10 @@ class MediaEndpoints:
         return await self.v1.admitted(request, session_of(body, request.headers), answer)
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        body = await self.v1.body(request)
-        if isinstance(body, web.Response):
-            return body
-        target = self._target(body, "embeddings", "vector")
+        opened = await self._open(request, "embeddings", "vector")
+        if isinstance(opened, web.Response):
+            return opened
+        body, target = opened
         texts = _texts(body.get("input"))
         encoding = body.get("encoding_format", "float")
         if encoding not in ENCODINGS:
@@ -172,6 +172,11 @@ class MediaEndpoints:
         return await self.v1.admitted(request, session, answer)
 
     # ── the pieces ──
+
+    async def _open(self, request: web.Request, endpoint: str, key: str) -> tuple[dict[str, Any], Target] | web.Response:
+        """The request's body and the graph it asks of `endpoint`, or the front door's refusal."""
+        body = await self.v1.body(request)
+        return body if isinstance(body, web.Response) else (body, self._target(body, endpoint, key))
 
     def _target(self, body: dict[str, Any], endpoint: str, key: str) -> Target:
         """The graph `model` names, if it serves `endpoint`; ChatError naming the models that do."""
