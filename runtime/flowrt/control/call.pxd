@@ -32,6 +32,8 @@ cdef class Call(Delivery):
     cdef _schedule(self, Activation act)
     cdef _spawn(self, object act)
     cdef _launch(self)
+    cpdef launch_ready(self)
+    cpdef finish_call(self)
     @cython.locals(ready=list, act=Activation)
     cdef Activation _next_ready(self)
     cdef _start_task(self, Activation act)

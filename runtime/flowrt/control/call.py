@@ -18,7 +18,7 @@ import logging
 import sys
 from heapq import heappop, heappush
 from types import AsyncGeneratorType, CoroutineType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flowrt.control import activation as _activation
 from flowrt.control import bounds
@@ -29,9 +29,6 @@ from flowrt.control.delivery import Delivery
 from flowrt.control.program import Edge, NodeProgram
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Reason
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("flowrt")
 # eager tasks (3.12+) run a role at once, inside the launching task's step; activations that make
@@ -93,7 +90,11 @@ class Call(Delivery):
             self._quiesce()
 
     def _quiesce(self) -> None:
-        """Nothing is running: resolve a join nothing can feed any more, or finish the call."""
+        """Nothing is running: resolve a join nothing can feed any more, or finish the call.
+        A shard of a call spread over processes sees only its part: its router decides."""
+        if self.router is not None:
+            self.router.idle(self)
+            return
         for join in self.program.joins:
             if join.index not in self.joins_done and not self._fed(join) and self._try_join(join, True):
                 return
@@ -116,9 +117,8 @@ class Call(Delivery):
         return False
 
     def _unblock(self) -> None:
-        """Session queues hold activations while nothing runs and no join can resolve. The
-        order bounds make this impossible (the held work that nothing else can reach may always
-        go); should it happen anyway, a hang is the worst outcome: release the smallest."""
+        """Session queues hold activations while nothing runs and no join can resolve: the order
+        bounds make it impossible; should it happen anyway, release the smallest, not hang."""
         held = [s for s in self.sequencers.values() if s.waiting() and not s.busy]
         if not held:
             log.error("call %s: %d activations in flight but none running or held (a flowrt bug)", self.call_id, self.in_flight)
@@ -183,6 +183,8 @@ class Call(Delivery):
         self.cancel_reason = reason
         for task in list(self.tasks):
             task.cancel()
+        if self.router is not None:  # every process holding a part of the call hears of it
+            self.router.cancelled(self, reason)
 
     def fail(self, message: str, where: str) -> None:
         """End the call with status "error": something outside the roles that it needed (`where`,
@@ -243,6 +245,12 @@ class Call(Delivery):
         ready, self.ready = self.ready, []
         for act in ready:
             self._start_task(act)
+
+    def launch_ready(self) -> None:  # (a signal from another process readied work: flowrt.control.shards)
+        self._launch()
+
+    def finish_call(self) -> None:  # (its router found the whole call quiet: flowrt.control.shards)
+        self._finish()
 
     def _start_task(self, act: Activation) -> None:
         loop = self.loop
@@ -324,7 +332,7 @@ class Call(Delivery):
                         if act.extras:  # broadcast: the other replicas run for their side effects
                             self._launch()
                             for extra in act.extras:
-                                await _drain(extra)
+                                await bounds.drain(extra)
                     if limit is not None and limit.expired():  # the role swallowed the cancellation and returned
                         raise TimeoutError
                 except TimeoutError as error:
@@ -487,6 +495,8 @@ class Call(Delivery):
                     if kind == CALLER:
                         self._caller_arrived(edge, value, order)
                     elif kind == DIRECT:
+                        if self.router is not None and self.router.direct(self, edge, value, roots, order):
+                            continue
                         direct = Activation(edge.node, edge.group.index, self._aid(), {name: value}, roots, order)
                         if self.track_frames:
                             direct.sources = self._sent()
@@ -567,19 +577,6 @@ def _wake(act: Activation) -> None:
     resume = act.resume
     if resume is not None and not resume.done():
         resume.set_result(None)
-
-
-async def _drain(result: Any) -> None:
-    """Run a broadcast replica's activation to its end (only the chosen replica's frames count),
-    giving the loop a turn every PAUSE_EVERY frames as rule 13 does for any stream."""
-    if type(result) is AsyncGeneratorType:
-        frames = 0
-        async for _ in result:
-            frames += 1
-            if frames % PAUSE_EVERY == 0:
-                await asyncio.sleep(0)
-    else:
-        await result
 
 
 def _as_frame(frame: object, node: NodeProgram) -> dict:

@@ -15,13 +15,13 @@ cdef object EMPTY, ERROR, CANCEL, CLOCK
 cdef double _threshold(NodeProgram node, str name) except -1
 
 cdef class Delivery:
-    cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop, observer
+    cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop, observer, router
     cdef public tuple sending
     cdef public Py_ssize_t sending_from, sending_index
     cdef public dict arrivals
     cdef public GraphProgram program
     cdef public str graph
-    cdef public Py_ssize_t call_id, in_flight, running, phantoms, eager_depth, last_aid, tickets
+    cdef public Py_ssize_t call_id, in_flight, running, phantoms, eager_depth, last_aid, tickets, aid_step
     cdef public list errors, open_buckets, running_by_node, session_counters, ready, stream_held, order_heaps, alive
     cdef public dict buckets, joins, sequencers
     cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored, order_waiting
@@ -59,8 +59,18 @@ cdef class Delivery:
     cdef _emit(self, object event)
     @cython.locals(stream=Py_ssize_t, consumer=OrderConsumer, held=list)
     cdef _caller_arrived(self, Edge edge, object value, tuple order)
-    @cython.locals(done=set, counters=list, resets=tuple, reset=Py_ssize_t, heap=list, entry=tuple)
+    @cython.locals(done=set, counters=list, resets=tuple, reset=Py_ssize_t)
     cdef object _lower_bound(self, OrderConsumer consumer)
+    @cython.locals(heap=list, entry=tuple)
+    cpdef object heap_bound(self, OrderConsumer consumer)
+    cpdef remote_arrive(self, Edge edge, tuple key, object value, tuple roots, tuple order)
+    cpdef remote_end(self, Edge edge, tuple key)
+    cpdef remote_unreachable(self, Edge edge, tuple key, tuple roots, object reason, object origin)
+    cpdef remote_join(self, NodeProgram node, str name, object value)
+    cpdef remote_direct(self, Edge edge, object value, tuple roots, tuple order)
+    cpdef remote_caller(self, Edge edge, object value, tuple order)
+    cpdef remote_resolve(self, NodeProgram node)
+    cpdef remote_release(self, OrderConsumer consumer)
     @cython.locals(consumer=OrderConsumer)
     cdef _reorder(self)
     cdef _hold(self, OrderConsumer consumer, list held, tuple order, object value)

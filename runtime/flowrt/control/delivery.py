@@ -83,6 +83,11 @@ class Delivery:
         self.ready: list[Activation] = []  # fired, not yet launched (see the module's docstring)
         self.eager_depth = 0
         self.last_aid = 0
+        self.aid_step = 1  # a shard's aids step by the process count, so no two processes make the same
+        # None in one process; a shard of a call spread over processes has the router that
+        # sends signals for nodes hosted elsewhere and takes over completion and order there
+        # (flowrt.control.shards): each hook below is one `is None` check where there is none
+        self.router: Any = None
         self.cancelled = False
         self.failed = False  # cancelled because the deployment lost something the call needed (fail)
         self.cancel_reason = ""  # why it was cancelled: "timeout", "client gone", "shutdown"
@@ -123,7 +128,7 @@ class Delivery:
         return sending
 
     def _aid(self) -> int:
-        self.last_aid += 1
+        self.last_aid += self.aid_step
         return self.last_aid
 
     def _ticket(self) -> int:
@@ -134,6 +139,8 @@ class Delivery:
 
     def _arrive(self, edge: Edge, key: tuple, value: Any, roots: tuple, order: tuple) -> None:
         """ARRIVED at a bucket or stream slot."""
+        if self.router is not None and self.router.arrive(self, edge, key, value, roots, order):
+            return
         bucket_key = (edge.node.index, edge.group.index, key)
         bucket = self._bucket(edge, bucket_key, roots)
         if bucket is None:
@@ -150,6 +157,8 @@ class Delivery:
 
     def _end(self, edge: Edge, key: tuple) -> None:
         """SLOT_EOS: the stream feeding a stream slot ended after delivering frames."""
+        if self.router is not None and self.router.end(self, edge, key):
+            return
         bucket_key = (edge.node.index, edge.group.index, key)
         bucket = self.buckets.get(bucket_key)
         if bucket is None:
@@ -159,6 +168,8 @@ class Delivery:
             self._close_bucket(edge, bucket_key, bucket, outcome)
 
     def _unreachable(self, edge: Edge, key: tuple, roots: tuple, reason: Reason, origin: tuple | None) -> None:
+        if self.router is not None and self.router.unreachable(self, edge, key, roots, reason, origin):
+            return
         kind = edge.kind
         if kind == CALLER:
             if reason is ERROR or reason is CANCEL:
@@ -227,6 +238,8 @@ class Delivery:
     # ── joins ──
 
     def _join_arrived(self, node: NodeProgram, name: str, value: Any) -> None:
+        if self.router is not None and self.router.join(self, node, name, value):
+            return
         state = self.joins.get(node.index)
         if state is None:
             state = self.joins[node.index] = JoinState()
@@ -278,6 +291,8 @@ class Delivery:
             self.alive[reset] -= 1
 
     def _all_fields_ended(self, node: NodeProgram) -> bool:
+        if self.router is not None:
+            return False  # upstream work may be anywhere: such a join resolves when the whole call is quiet
         running = self.running_by_node
         buckets = self.open_buckets
         for join in node.join or ():
@@ -307,6 +322,8 @@ class Delivery:
                 waiter.set_result(None)
 
     def _caller_arrived(self, edge: Edge, value: Any, order: tuple) -> None:
+        if self.router is not None and self.router.caller(self, edge, value, order):
+            return
         stream = edge.stream
         if stream >= 0:
             if not edge.ordered:
@@ -332,7 +349,10 @@ class Delivery:
         A join not yet resolved can (its activation has the empty key); so can a session node
         some alive work can reach (its next output counter), and the activations and open
         buckets of the nodes that keep or extend keys on the way (their `order_bound`, kept in
-        a heap refreshed lazily: a bound only grows, but an entry may be stale)."""
+        a heap refreshed lazily: a bound only grows, but an entry may be stale). A shard of a
+        call spread over processes sees only its own part: its router says what may go."""
+        if self.router is not None:
+            return self.router.bound(consumer)
         done = self.joins_done
         for join in consumer.join_resets:
             if join not in done:
@@ -345,6 +365,14 @@ class Delivery:
                 key = (counters[resets[reset]],)
                 if bound is None or key < bound:
                     bound = key
+        current = self.heap_bound(consumer)
+        if current is not None and (bound is None or current < bound):
+            bound = current
+        return bound
+
+    def heap_bound(self, consumer: OrderConsumer) -> tuple | None:
+        """The smallest order bound of this process's activations and open buckets that reach
+        `consumer` with their keys kept or extended; None if none do."""
         heap = self.order_heaps[consumer.index]
         while heap:
             entry = heap[0]
@@ -355,10 +383,8 @@ class Delivery:
             elif current != entry[0]:
                 heapreplace(heap, (current, self._ticket(), unit))
             else:
-                if bound is None or current < bound:
-                    bound = current
-                break
-        return bound
+                return current
+        return None
 
     def _reorder(self) -> None:
         """Let through whatever waits for order and may go now."""
@@ -388,6 +414,37 @@ class Delivery:
             self._spawn(sequencer.release(self._lower_bound(consumer)))
         if not sequencer.held:
             self.order_waiting.discard(consumer)
+
+    # ── a signal another process routed here (flowrt.control.shards): the local methods ──
+
+    def remote_arrive(self, edge: Edge, key: tuple, value: Any, roots: tuple, order: tuple) -> None:
+        self._arrive(edge, key, value, roots, order)
+
+    def remote_end(self, edge: Edge, key: tuple) -> None:
+        self._end(edge, key)
+
+    def remote_unreachable(self, edge: Edge, key: tuple, roots: tuple, reason: Reason, origin: tuple | None) -> None:
+        self._unreachable(edge, key, roots, reason, origin)
+
+    def remote_join(self, node: NodeProgram, name: str, value: Any) -> None:
+        self._join_arrived(node, name, value)
+
+    def remote_direct(self, edge: Edge, value: Any, roots: tuple, order: tuple) -> None:
+        self._schedule(Activation(edge.node, edge.group.index, self._aid(), {edge.field: value}, roots, order))
+
+    def remote_caller(self, edge: Edge, value: Any, order: tuple) -> None:
+        self._caller_arrived(edge, value, order)
+
+    def remote_resolve(self, node: NodeProgram) -> None:
+        """The whole call is quiet and nothing can feed join `node` any more: resolve it."""
+        self._try_join(node, True)
+
+    def remote_release(self, consumer: OrderConsumer) -> None:
+        """Let through what waits at `consumer` and its router's bound allows."""
+        if consumer.kind == ORDERED_STREAM:
+            self._release_stream(consumer)
+        elif consumer.target in self.sequencers:
+            self._release_session(consumer)
 
     # ── observing: a call's start and end, an activation's start and end ──
 

@@ -17,7 +17,7 @@ cdef class Edge:
     cdef public str field
     cdef public NodeProgram node
     cdef public GroupProgram group
-    cdef public Py_ssize_t slot, root, stream
+    cdef public Py_ssize_t slot, root, stream, index
     cdef public bint rule_c, ordered, returned
     cdef public Outlet outlet
 
@@ -52,7 +52,7 @@ cdef class NodeProgram:
 
 cdef class GraphProgram:
     cdef public str name
-    cdef public tuple nodes, entry, streams, returns, joins, consumers, stream_consumers, resets
+    cdef public tuple nodes, edges, entry, streams, returns, joins, consumers, stream_consumers, resets
     cdef public dict by_id, _stream_index
     cdef public frozenset entry_set
     cdef public NodeProgram start

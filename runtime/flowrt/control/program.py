@@ -69,7 +69,7 @@ class Outlet:
 class Edge:
     """One control edge: where a field goes and what happens there."""
 
-    __slots__ = ("kind", "field", "node", "group", "slot", "rule_c", "root", "stream", "ordered", "returned", "outlet")
+    __slots__ = ("kind", "field", "node", "group", "slot", "rule_c", "root", "stream", "ordered", "returned", "outlet", "index")
 
     def __init__(self, kind: int, field: str, node: NodeProgram | None, group: GroupProgram | None, slot: int):
         self.kind = kind
@@ -83,6 +83,7 @@ class Edge:
         self.ordered = False  # for the caller: the stream reaches it in SeqId order
         self.returned = False  # for the caller: the field is also returned
         self.outlet: Outlet | None = None  # what counts the frames sent on it (set with the node's routes)
+        self.index = -1  # its place in GraphProgram.edges: how another process names it (flowrt.control.shards)
 
 
 class Route:
@@ -213,6 +214,7 @@ class GraphProgram:
     __slots__ = (
         "name",
         "nodes",
+        "edges",
         "by_id",
         "start",
         "entry",
@@ -276,6 +278,9 @@ class GraphProgram:
             node.feeds_stream_slots = any(e.kind == STREAM_SLOT for route in node.routes for e in route.edges)
             _outlets(node)
             node.out_fields = frozenset(route.field for route in node.routes)
+        self.edges = tuple(edge for node in self.nodes for route in node.routes for edge in route.edges)
+        for index, edge in enumerate(self.edges):
+            edge.index = index  # (the same in every process: nodes are sorted by id, routes and edges in table order)
         self.joins = tuple(node for node in self.nodes if node.join is not None)
         watchers: dict[int, list[NodeProgram]] = {}
         for join in self.joins:

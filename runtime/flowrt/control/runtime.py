@@ -99,6 +99,8 @@ class Runtime:
         self._idle_waiters: list[asyncio.Future] = []  # wait_idle() callers, woken when no call is in flight
         self._retiring: set[asyncio.Task] = set()  # calls whose caller left, retired when they end
         self.observer: Any = None  # what every call reports to (flowrt.observe), unless it names its own
+        # a gateway whose calls spread over processes (flowrt.control.shards): it attaches each call's router
+        self.shards: Any = None
 
     @classmethod
     async def open(
@@ -111,6 +113,7 @@ class Runtime:
         clock: Callable[[], float] = time.monotonic,
         binder: Any = None,
         memory: Any = None,
+        hosts: set[str] | None = None,
     ) -> Runtime:
         """Load a bundle, import, construct and check its roles, and run their `setup`
         (`instances` overrides impls, e.g. in tests). Idle sessions keep their state for
@@ -120,11 +123,13 @@ class Runtime:
         `binder.binding(spec, globals, log)` gives each role's binding and
         `binder.generator(role, interface)` says whether an interface streams frames and
         `binder.retired(call_id)` hears of each call that ended.
-        `memory` is what roles see as `ctx.memory` (flowrt.memory.api; open_deployment gives one)."""
+        `memory` is what roles see as `ctx.memory` (flowrt.memory.api; open_deployment gives one).
+        `hosts`: only these roles are imported and set up (a process hosting part of each call:
+        flowrt.control.shards); None: every role."""
         runtime = cls(load_bundle(Path(path)), session_ttl=session_ttl, max_sessions=max_sessions, clock=clock)
         runtime.memory = memory
         if binder is None:
-            await runtime._instantiate(instances or {})
+            await runtime._instantiate(instances or {}, hosts)
         else:
             runtime._bind(binder)
         return runtime
@@ -152,9 +157,10 @@ class Runtime:
 
     # ── roles ──
 
-    async def _instantiate(self, overrides: dict[str, list[Any]]) -> None:
+    async def _instantiate(self, overrides: dict[str, list[Any]], hosts: set[str] | None = None) -> None:
         python_path = self.bundle.python_path
-        for name, role in sorted(self.roles.items()):
+        hosted = {name: role for name, role in self.roles.items() if hosts is None or name in hosts}
+        for name, role in sorted(hosted.items()):
             if name in overrides:
                 self.instances[name] = list(overrides[name])
             else:
@@ -163,7 +169,7 @@ class Runtime:
             for instance in self.instances[name]:
                 impls.check_instance(role, instance)
         prefer = tuple(python_path)
-        for name, role in sorted(self.roles.items()):
+        for name, role in sorted(hosted.items()):
             binding = self.bindings[name] = RoleBinding(role, self.instances[name], self.globals, self.log, self.memory, prefer)
             for replica, instance in enumerate(self.instances[name]):
                 setup = getattr(instance, "setup", None)
@@ -171,7 +177,7 @@ class Runtime:
                     await self._setup(name, replica, setup, binding.threads[replica])
         for program in self.programs.values():
             for node in program.nodes:
-                if node.interface:
+                if node.interface and node.role in hosted:
                     binding = node.binding = self.bindings[node.role]
                     node.methods = binding.methods(node.method)
                     node.generator = any(streams(getattr(i, node.method, None)) for i in binding.instances)
@@ -322,6 +328,8 @@ class Runtime:
         call.hear_first_output = getattr(observer, "first_output", None) is not None
         call.watch_starts = observer is not None and bool(getattr(observer, "starts", True))  # (an observer may not need them)
         call.watch_ends = observer is not None and bool(getattr(observer, "ends", True))
+        if self.shards is not None:
+            self.shards.attach(call)
         self.calls.add(call)
         watchdog = call.loop.call_later(deadline, call.cancel, "timeout") if deadline else None
         return call, watchdog, anonymous

@@ -1,0 +1,429 @@
+"""A graph call spread over processes: each process hosts the nodes of some roles and holds a
+shard of every call that reaches them (docs/design/decentralised.md).
+
+A shard is an ordinary `Call` over the process's own program (built from the same tables, so
+node, edge and consumer indices agree everywhere) whose `router` is a `ShardRouter`. A signal
+whose consumer is hosted elsewhere (ARRIVED, SLOT_EOS, UNREACHABLE, a frame firing a one-slot
+group, a join's frame, a frame for the caller) is sent to the process that hosts it, where the
+same local method runs (`Delivery.remote_*`). Where each goes (`ShardRouter._host`):
+- a node without a role (the entry, a graph-level node): the gateway;
+- an `lb session` node: the replica its session is pinned to (its sequencer and counters live there);
+- a bucket, named by (call, node, group, key): one replica of the role, by hashing that name,
+  so every frame of one bucket meets in one process; a join: by hashing (call, node); an
+  UNREACHABLE for a one-slot group: by hashing (call, node, group) (loops drop repeats there);
+- a frame that fires a one-slot group: the role's replicas in turn.
+Two processes' messages arrive in the order sent (one ZMQ connection; the tests' FIFO
+channels): a SLOT_EOS never overtakes its stream's frames, nor a caller's frame its sender's
+returned credit.
+
+Completion is credit recovery (flowrt.control.credit): the gateway's shard starts with the
+whole credit; every message that can start work carries a share of its sender's; a shard with
+nothing running returns what it holds, with a `Summary` of its state (RETURN). When all of it
+is back, nothing runs anywhere and nothing is in transit, and the gateway's `Coordinator`
+takes the decisions that need the whole call, as the in-process core does at quiescence: it
+resolves the first join nothing can feed any more (RESOLVE, to the join's host), ends the call
+if nothing is left in flight, or else tells each order consumer holding work the smallest key
+that can still reach it (RELEASE). Until told, a shard lets through only what has the empty
+key; a bound, once told, stays true (later work descends from work it counted), so a session
+node releases one held activation after another under it without asking again.
+
+Aborts: the gateway's shard, cancelled (timeout, client gone, a shard's timeout asking with
+CANCEL), sends ABORT to every process; a process remembers aborted calls, so work that reaches
+it late returns its credit untouched; once all credit is back the gateway sends CLOSE and every
+shard and mark of the call goes. Imports only flowrt.control's own modules.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any
+
+from flowrt.control.call import Call
+from flowrt.control.credit import ONE, Holding
+from flowrt.control.program import CALLER, DIRECT, JOIN, ORDERED_STREAM, GraphProgram, NodeProgram
+from flowrt.control.signals import Reason
+
+log = logging.getLogger("flowrt")
+
+# what a message asks of the shard it reaches
+ARRIVE, END, UNREACHABLE, FIRE, JOIN_FRAME, CALLER_FRAME, ERRORED = range(7)  # signals
+RESOLVE, RELEASE, RETURN, ABORT, CANCEL, CLOSE = range(7, 13)  # the call as a whole
+AID_STRIDE = 1 << 16  # a shard's aids are its process number plus multiples of this: unique across processes
+BLOCKED = "the call's control found nothing it may run, though work is held (a flowrt bug; the server's log has it)"
+
+
+class Envelope:
+    """One message between shards: which call, from whom, what, and the credit it carries (None: it starts no work)."""
+
+    __slots__ = ("call_id", "graph", "session", "sender", "kind", "body", "credit")
+
+    def __init__(self, call_id: int, graph: str, session: str, sender: int, kind: int, body: tuple, credit: Any):
+        self.call_id, self.graph, self.session, self.sender = call_id, graph, session, sender
+        self.kind, self.body, self.credit = kind, body, credit
+
+
+class Summary:
+    """What a shard holds of a call when it returns its credit: all the gateway needs to decide at quiescence."""
+
+    __slots__ = ("in_flight", "open_buckets", "joins_done", "alive", "counters", "heap", "held")
+
+    def __init__(self, call: Call | None = None):
+        self.in_flight = 0
+        self.open_buckets: dict[int, int] = {}  # node -> open buckets
+        self.joins_done: frozenset[int] = frozenset()  # joins resolved here
+        self.alive: dict[int, int] = {}  # session reset -> work alive here that can reach it (may be negative)
+        self.counters: dict[int, int] = {}  # session node -> its output counter (nonzero only on its host)
+        self.heap: dict[int, tuple] = {}  # order consumer -> smallest bound of work here reaching it
+        self.held: dict[int, tuple] = {}  # order consumer -> smallest key held here for it
+        if call is None:
+            return
+        self.in_flight = call.in_flight
+        self.open_buckets = {i: n for i, n in enumerate(call.open_buckets) if n}
+        self.joins_done = frozenset(call.joins_done)
+        self.alive = {i: n for i, n in enumerate(call.alive) if n}
+        self.counters = {i: n for i, n in enumerate(call.session_counters) if n}
+        for consumer in call.program.consumers:
+            bound = call.heap_bound(consumer)
+            if bound is not None:
+                self.heap[consumer.index] = bound
+            if consumer.kind == ORDERED_STREAM:
+                held = call.stream_held[consumer.target]
+            else:
+                sequencer = call.sequencers.get(consumer.target)
+                held = sequencer.held if sequencer is not None else ()
+            if held:
+                self.held[consumer.index] = held[0][0]
+
+
+class Placement:
+    """Which process hosts what: `gateway`, and each role's replicas' processes in replica order."""
+
+    def __init__(self, gateway: int, hosts: dict[str, tuple[int, ...]]):
+        self.gateway = gateway
+        self.hosts = hosts
+        self.processes = frozenset({gateway, *(p for ps in hosts.values() for p in ps)})
+
+
+def _hash(text: str) -> int:
+    return zlib.crc32(text.encode())  # (the same in every process, whatever its hash seed)
+
+
+class ShardRouter:
+    """One process's part in one call: where its signals go, the credit it holds, and the order
+    bounds the gateway told it."""
+
+    __slots__ = ("shards", "me", "gateway", "call_id", "graph", "session", "pin", "holding", "depth", "bounds")
+    __slots__ += ("sent_errors", "aborting", "coordinator")
+
+    def __init__(self, shards: Shards, call: Call):
+        self.shards = shards
+        self.me = shards.me
+        self.gateway = shards.placement.gateway
+        self.call_id, self.graph, self.session = call.call_id, call.graph, call.session
+        self.pin = _hash(call.session)
+        self.holding = Holding()
+        self.depth = 0  # > 0 while a message is applied: idleness is looked at once it is
+        self.bounds: dict[int, tuple | None] = {}
+        self.sent_errors = 0  # the call's errors already sent to the gateway
+        self.aborting = False  # the cancellation came from the gateway: nothing to tell it
+        self.coordinator = Coordinator(self) if self.me == self.gateway else None
+
+    def _host(self, node: NodeProgram, identity: tuple | None) -> int:
+        if not node.interface:
+            return self.gateway
+        hosts = self.shards.placement.hosts[node.role]
+        if len(hosts) == 1:
+            return hosts[0]
+        if node.session:
+            return hosts[self.pin % len(hosts)]
+        if identity is None:  # a one-slot group fires: in turn
+            return hosts[self.shards.turn(node.index) % len(hosts)]
+        return hosts[_hash(repr((self.call_id, identity))) % len(hosts)]
+
+    def send(self, dst: int, kind: int, body: tuple, work: bool = True) -> None:
+        share = self.holding.give() if work else None
+        self.shards.send(dst, Envelope(self.call_id, self.graph, self.session, self.me, kind, body, share))
+
+    # ── the hooks of the core (flowrt.control.delivery, .call): True when the signal went elsewhere ──
+
+    def arrive(self, call: Call, edge: Any, key: tuple, value: Any, roots: tuple, order: tuple) -> bool:
+        host = self._host(edge.node, (edge.node.index, edge.group.index, key))
+        if host == self.me:
+            return False
+        self.send(host, ARRIVE, (edge.index, key, value, roots, order))
+        return True
+
+    def end(self, call: Call, edge: Any, key: tuple) -> bool:
+        host = self._host(edge.node, (edge.node.index, edge.group.index, key))
+        if host == self.me:
+            return False
+        self.send(host, END, (edge.index, key))
+        return True
+
+    def unreachable(self, call: Call, edge: Any, key: tuple, roots: tuple, reason: Reason, origin: tuple | None) -> bool:
+        kind = edge.kind
+        if kind == CALLER:
+            if self.me == self.gateway:
+                return False
+            if reason is Reason.ERROR or reason is Reason.CANCEL:
+                self.send(self.gateway, ERRORED, (edge.index, reason), work=False)
+            return True
+        if kind == JOIN:
+            return False  # a join counts arrivals only
+        node = edge.node
+        identity = (node.index, edge.group.index) if kind == DIRECT else (node.index, edge.group.index, key)
+        host = self._host(node, identity)
+        if host == self.me:
+            return False
+        self.send(host, UNREACHABLE, (edge.index, key, roots, reason, origin))
+        return True
+
+    def direct(self, call: Call, edge: Any, value: Any, roots: tuple, order: tuple) -> bool:
+        host = self._host(edge.node, None)
+        if host == self.me:
+            return False
+        self.send(host, FIRE, (edge.index, value, roots, order))
+        return True
+
+    def join(self, call: Call, node: NodeProgram, name: str, value: Any) -> bool:
+        host = self._host(node, (node.index,))
+        if host == self.me:
+            return False
+        self.send(host, JOIN_FRAME, (node.index, name, value))
+        return True
+
+    def caller(self, call: Call, edge: Any, value: Any, order: tuple) -> bool:
+        if self.me == self.gateway:
+            return False
+        self.send(self.gateway, CALLER_FRAME, (edge.index, value, order), work=False)
+        return True
+
+    def bound(self, consumer: Any) -> tuple | None:
+        """The smallest key that can still reach `consumer`, as the gateway last worked it out
+        (the empty key until it has: only what has it may go)."""
+        return self.bounds.get(consumer.index, ())
+
+    def idle(self, call: Call) -> None:
+        """Nothing of the call runs here: hand back the credit (the gateway: see if the call is quiet)."""
+        if self.depth or call.running or call.phantoms:
+            return
+        if self.coordinator is not None:
+            self.coordinator.quiet(call)
+            return
+        share = self.holding.release()
+        if share:
+            errors = call.errors[self.sent_errors :]
+            self.sent_errors = len(call.errors)
+            self.shards.send(
+                self.gateway,
+                Envelope(self.call_id, self.graph, self.session, self.me, RETURN, (Summary(call), errors), share),
+            )
+
+    def cancelled(self, call: Call, reason: str) -> None:
+        if self.coordinator is not None:
+            self.coordinator.abort()
+        elif not self.aborting:  # (a role's timeout here: the gateway cancels the whole call)
+            self.send(self.gateway, CANCEL, (reason,), work=False)
+
+
+class Coordinator:
+    """The gateway's side of one call spread over processes: the credit that came back, the
+    latest summary of each shard, and the decisions taken when the whole call is quiet."""
+
+    __slots__ = ("router", "summaries", "aborted")
+
+    def __init__(self, router: ShardRouter):
+        self.router = router
+        self.summaries: dict[int, Summary] = {}
+        self.aborted = False
+
+    def returned(self, call: Call, sender: int, summary: Summary, errors: list) -> None:
+        self.summaries[sender] = summary
+        call.errors.extend(errors)
+
+    def abort(self) -> None:
+        router = self.router
+        self.aborted = True
+        for process in sorted(router.shards.placement.processes - {router.me}):
+            router.send(process, ABORT, (), work=False)
+
+    def quiet(self, call: Call) -> None:
+        router = self.router
+        if router.depth or call.running or call.phantoms or call.ended or router.holding.held != ONE:
+            return
+        summaries = [*self.summaries.values(), Summary(call)]
+        if call.cancelled:
+            self.finish(call)
+            return
+        program = call.program
+        done = frozenset().union(*(s.joins_done for s in summaries))
+        for join in program.joins:  # in topological order, as the in-process core does
+            if join.index not in done and not _fed(program, join, summaries, done):
+                router.send(router._host(join, (join.index,)), RESOLVE, (join.index,))
+                return
+        if sum(s.in_flight for s in summaries) == 0:
+            self.finish(call)
+            return
+        released = False
+        for consumer in program.consumers:
+            held = min((s.held[consumer.index] for s in summaries if consumer.index in s.held), default=None)
+            if held is None:
+                continue
+            bound = _bound(program, consumer, summaries, done)
+            if bound is not None and held > bound:
+                continue
+            if consumer.kind == ORDERED_STREAM:
+                host = router.me
+            else:
+                host = router._host(program.nodes[consumer.target], None)
+            router.send(host, RELEASE, (consumer.index, bound))
+            released = True
+        if not released:
+            log.error("call %s: %d activations held and none may run (a flowrt bug)", call.call_id, call.in_flight)
+            call.fail(BLOCKED, "flowrt")
+            self.finish(call)
+
+    def finish(self, call: Call) -> None:
+        router = self.router
+        shards = router.shards
+        call.finish_call()
+        shards.calls.pop(router.call_id, None)
+        targets = shards.placement.processes if self.aborted else self.summaries.keys()
+        for process in sorted(set(targets) - {router.me}):
+            router.send(process, CLOSE, (), work=False)
+
+
+def _fed(program: GraphProgram, join: NodeProgram, summaries: list[Summary], done: frozenset) -> bool:
+    """Whether work anywhere (an open bucket, an unresolved join) can still feed `join` (nothing runs)."""
+    nodes = program.nodes
+    for index in join.ancestors:
+        if any(s.open_buckets.get(index) for s in summaries):
+            return True
+        if nodes[index].join is not None and index not in done:
+            return True
+    return False
+
+
+def _bound(program: GraphProgram, consumer: Any, summaries: list[Summary], done: frozenset) -> tuple | None:
+    """The smallest key that can still reach `consumer`, over every shard (as Delivery._lower_bound in one process)."""
+    for join in consumer.join_resets:
+        if join not in done:
+            return ()
+    bound = None
+    for reset in consumer.session_resets:
+        if sum(s.alive.get(reset, 0) for s in summaries) > 0:
+            node = program.resets[reset]
+            key = (max(s.counters.get(node, 0) for s in summaries),)
+            if bound is None or key < bound:
+                bound = key
+    for s in summaries:
+        key = s.heap.get(consumer.index)
+        if key is not None and (bound is None or key < bound):
+            bound = key
+    return bound
+
+
+class Shards:
+    """One process's shards of the calls spread over the deployment, and the messages between
+    them. `send(dst, envelope)` is the transport (each pair of processes in order)."""
+
+    def __init__(self, runtime: Any, me: int, placement: Placement, send: Any):
+        self.runtime = runtime
+        self.me = me
+        self.placement = placement
+        self.transport = send
+        self.calls: dict[int, Call] = {}
+        self.aborted: set[int] = set()  # calls the gateway aborted, until it closes them
+        self.late = 0  # messages of calls that had ended or were aborted here (their credit went back)
+        self.turns: dict[int, int] = {}
+
+    def turn(self, node: int) -> int:
+        turn = self.turns.get(node, self.me)
+        self.turns[node] = turn + 1
+        return turn
+
+    def attach(self, call: Call) -> None:
+        """Make `call` a shard of this process (the gateway's, as its runtime admits it, with the whole credit)."""
+        router = call.router = ShardRouter(self, call)
+        call.aid_step = AID_STRIDE
+        call.last_aid = self.me
+        if router.coordinator is not None:
+            router.holding.take(ONE)
+        self.calls[call.call_id] = call
+
+    def send(self, dst: int, envelope: Envelope) -> None:
+        self.transport(dst, envelope)
+
+    def receive(self, envelope: Envelope) -> None:
+        kind = envelope.kind
+        call = self.calls.get(envelope.call_id)
+        if kind == CLOSE:
+            self.calls.pop(envelope.call_id, None)
+            self.aborted.discard(envelope.call_id)
+            return
+        if kind == ABORT:
+            self.aborted.add(envelope.call_id)
+            if call is not None:
+                call.router.aborting = True
+                call.cancel("aborted")
+            return
+        if call is None:
+            if self.me == self.placement.gateway or envelope.call_id in self.aborted:
+                self.late += 1
+                if envelope.credit is not None:  # (the gateway holds every aborted call until its credit is back)
+                    back = Envelope(
+                        envelope.call_id, envelope.graph, envelope.session, self.me, RETURN, (Summary(), []), envelope.credit
+                    )
+                    self.send(self.placement.gateway, back)
+                return
+            program = self.runtime.programs[envelope.graph]
+            call = Call(self.runtime, program, {}, envelope.session, envelope.call_id)
+            self.attach(call)
+        router = call.router
+        router.depth += 1
+        try:
+            if envelope.credit is not None:
+                router.holding.take(envelope.credit)
+            self._apply(call, envelope)
+        finally:
+            router.depth -= 1
+        if not call.ended:
+            call.launch_ready()
+            if call.running == 0 and call.phantoms == 0:
+                router.idle(call)
+
+    def _apply(self, call: Call, envelope: Envelope) -> None:
+        kind, body = envelope.kind, envelope.body
+        program = call.program
+        if kind == ARRIVE:
+            call.remote_arrive(program.edges[body[0]], *body[1:])
+        elif kind == END:
+            call.remote_end(program.edges[body[0]], body[1])
+        elif kind == UNREACHABLE:
+            call.remote_unreachable(program.edges[body[0]], *body[1:])
+        elif kind == FIRE:
+            call.remote_direct(program.edges[body[0]], *body[1:])
+        elif kind == JOIN_FRAME:
+            call.remote_join(program.nodes[body[0]], body[1], body[2])
+        elif kind == CALLER_FRAME:
+            call.remote_caller(program.edges[body[0]], body[1], body[2])
+        elif kind == ERRORED:
+            call.remote_unreachable(program.edges[body[0]], (), (), body[1], None)
+        elif kind == RESOLVE:
+            call.remote_resolve(program.nodes[body[0]])
+        elif kind == RELEASE:
+            call.router.bounds[body[0]] = body[1]
+            call.remote_release(program.consumers[body[0]])
+        elif kind == RETURN:
+            call.router.coordinator.returned(call, envelope.sender, *body)
+        elif kind == CANCEL:
+            call.cancel(body[0])
+
+    def statistics(self) -> dict[str, int]:
+        """Shards and abort marks held now (0 once every call has closed), and what they hold."""
+        totals = {"shards": len(self.calls), "aborted_marks": len(self.aborted)}
+        for call in self.calls.values():
+            for key, value in call.statistics().items():
+                totals[key] = totals.get(key, 0) + value
+        return totals
