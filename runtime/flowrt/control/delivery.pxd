@@ -15,13 +15,13 @@ cdef object EMPTY, ERROR, CANCEL, CLOCK
 cdef double _threshold(NodeProgram node, str name) except -1
 
 cdef class Delivery:
-    cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop, observer, router
+    cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop, observer, router, aid_source
     cdef public tuple sending
     cdef public Py_ssize_t sending_from, sending_index
     cdef public dict arrivals
     cdef public GraphProgram program
     cdef public str graph
-    cdef public Py_ssize_t call_id, in_flight, running, phantoms, eager_depth, last_aid, tickets, aid_step
+    cdef public Py_ssize_t call_id, in_flight, running, phantoms, eager_depth, last_aid, tickets
     cdef public list errors, open_buckets, running_by_node, session_counters, ready, stream_held, order_heaps, alive
     cdef public dict buckets, joins, sequencers
     cdef public set resolved, joins_done, seen_unreachable, tasks, returned, errored, order_waiting

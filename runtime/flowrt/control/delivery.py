@@ -83,7 +83,7 @@ class Delivery:
         self.ready: list[Activation] = []  # fired, not yet launched (see the module's docstring)
         self.eager_depth = 0
         self.last_aid = 0
-        self.aid_step = 1  # a shard's aids step by the process count, so no two processes make the same
+        self.aid_source: Any = None  # a shard's: its process's counter, so no two shards make the same aid
         # None in one process; a shard of a call spread over processes has the router that
         # sends signals for nodes hosted elsewhere and takes over completion and order there
         # (flowrt.control.shards): each hook below is one `is None` check where there is none
@@ -128,7 +128,9 @@ class Delivery:
         return sending
 
     def _aid(self) -> int:
-        self.last_aid += self.aid_step
+        if self.aid_source is not None:
+            return self.aid_source()
+        self.last_aid += 1
         return self.last_aid
 
     def _ticket(self) -> int:

@@ -35,8 +35,11 @@ shard and mark of the call goes. Imports only flowrt.control's own modules.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import zlib
+from collections import OrderedDict
 from typing import Any
 
 from flowrt.control.call import Call
@@ -48,8 +51,10 @@ log = logging.getLogger("flowrt")
 
 # what a message asks of the shard it reaches
 ARRIVE, END, UNREACHABLE, FIRE, JOIN_FRAME, CALLER_FRAME, ERRORED = range(7)  # signals
-RESOLVE, RELEASE, RETURN, ABORT, CANCEL, CLOSE = range(7, 13)  # the call as a whole
-AID_STRIDE = 1 << 16  # a shard's aids are its process number plus multiples of this: unique across processes
+RESOLVE, RELEASE, RETURN, CREDIT, ABORT, CANCEL, CLOSE = range(7, 14)  # the call as a whole
+AID_STRIDE = 1 << 16  # a process's aids are its number plus multiples of this: unique across processes and calls
+FORWARDS = 4096  # calls whose forgotten shard's last peer a process remembers (credit that comes late follows it)
+MAX_HOPS = 8  # credit handed on this many times goes to the gateway (two forgotten shards may point at each other)
 BLOCKED = "the call's control found nothing it may run, though work is held (a flowrt bug; the server's log has it)"
 
 
@@ -66,10 +71,11 @@ class Envelope:
 class Summary:
     """What a shard holds of a call when it returns its credit: all the gateway needs to decide at quiescence."""
 
-    __slots__ = ("in_flight", "open_buckets", "joins_done", "alive", "counters", "heap", "held")
+    __slots__ = ("in_flight", "scheduled", "open_buckets", "joins_done", "alive", "counters", "heap", "held")
 
     def __init__(self, call: Call | None = None):
         self.in_flight = 0
+        self.scheduled: dict[int, int] = {}  # node -> activations not ended (quiet: held for order)
         self.open_buckets: dict[int, int] = {}  # node -> open buckets
         self.joins_done: frozenset[int] = frozenset()  # joins resolved here
         self.alive: dict[int, int] = {}  # session reset -> work alive here that can reach it (may be negative)
@@ -79,6 +85,7 @@ class Summary:
         if call is None:
             return
         self.in_flight = call.in_flight
+        self.scheduled = {i: n for i, n in enumerate(call.running_by_node) if n}
         self.open_buckets = {i: n for i, n in enumerate(call.open_buckets) if n}
         self.joins_done = frozenset(call.joins_done)
         self.alive = {i: n for i, n in enumerate(call.alive) if n}
@@ -114,7 +121,7 @@ class ShardRouter:
     bounds the gateway told it."""
 
     __slots__ = ("shards", "me", "gateway", "call_id", "graph", "session", "pin", "holding", "depth", "bounds")
-    __slots__ += ("sent_errors", "aborting", "coordinator")
+    __slots__ += ("sent_errors", "aborting", "coordinator", "reported", "last_peer", "told_gateway")
 
     def __init__(self, shards: Shards, call: Call):
         self.shards = shards
@@ -128,6 +135,11 @@ class ShardRouter:
         self.sent_errors = 0  # the call's errors already sent to the gateway
         self.aborting = False  # the cancellation came from the gateway: nothing to tell it
         self.coordinator = Coordinator(self) if self.me == self.gateway else None
+        self.reported = False  # a summary went to the gateway: later ones must too (it keeps the latest)
+        self.last_peer = self.gateway  # where work last went from here
+        # it sent the gateway something that carries no credit (a caller's frame): its credit
+        # must follow on the same channel, or the gateway could see the call complete first
+        self.told_gateway = False
 
     def _host(self, node: NodeProgram, identity: tuple | None) -> int:
         if not node.interface:
@@ -142,7 +154,13 @@ class ShardRouter:
         return hosts[_hash(repr((self.call_id, identity))) % len(hosts)]
 
     def send(self, dst: int, kind: int, body: tuple, work: bool = True) -> None:
-        share = self.holding.give() if work else None
+        share = None
+        if work:
+            share = self.holding.give()
+            if dst != self.me:
+                self.last_peer = dst
+        elif dst == self.gateway:
+            self.told_gateway = True
         self.shards.send(dst, Envelope(self.call_id, self.graph, self.session, self.me, kind, body, share))
 
     # ── the hooks of the core (flowrt.control.delivery, .call): True when the signal went elsewhere ──
@@ -212,13 +230,26 @@ class ShardRouter:
             self.coordinator.quiet(call)
             return
         share = self.holding.release()
-        if share:
-            errors = call.errors[self.sent_errors :]
-            self.sent_errors = len(call.errors)
-            self.shards.send(
-                self.gateway,
-                Envelope(self.call_id, self.graph, self.session, self.me, RETURN, (Summary(call), errors), share),
-            )
+        if not share:
+            return
+        errors = call.errors[self.sent_errors :]
+        self.sent_errors = len(call.errors)
+        summary = Summary(call)
+        if self.reported or errors or not _trivial(call, summary):
+            self.reported = True
+            self.told_gateway = False
+            envelope = Envelope(self.call_id, self.graph, self.session, self.me, RETURN, (summary, errors), share)
+            self.shards.send(self.gateway, envelope)
+            return
+        # nothing of the call is left here: forget it, and hand the credit on with the work
+        # this turn sent (a chain of stages returns it once, from its end, not once per stage)
+        shards = self.shards
+        shards.forget(self.call_id, self.last_peer)
+        if self.told_gateway:
+            self.told_gateway = False
+            shards.send(self.gateway, Envelope(self.call_id, self.graph, self.session, self.me, CREDIT, (0,), share))
+        elif not shards.top_up(self.call_id, share):
+            shards.send(self.last_peer, Envelope(self.call_id, self.graph, self.session, self.me, CREDIT, (0,), share))
 
     def cancelled(self, call: Call, reason: str) -> None:
         if self.coordinator is not None:
@@ -294,11 +325,30 @@ class Coordinator:
             router.send(process, CLOSE, (), work=False)
 
 
+def _trivial(call: Call, summary: Summary) -> bool:
+    """Whether a quiet shard holds nothing the call still needs (so it may be forgotten)."""
+    return not (
+        call.buckets
+        or call.resolved
+        or call.joins
+        or call.joins_done
+        or call.sequencers
+        or call.seen_unreachable
+        or summary.in_flight
+        or summary.scheduled
+        or summary.open_buckets
+        or summary.alive
+        or summary.counters
+        or summary.heap
+        or summary.held
+    )
+
+
 def _fed(program: GraphProgram, join: NodeProgram, summaries: list[Summary], done: frozenset) -> bool:
-    """Whether work anywhere (an open bucket, an unresolved join) can still feed `join` (nothing runs)."""
+    """Whether work anywhere (a held activation, an open bucket, an unresolved join) can still feed `join`."""
     nodes = program.nodes
     for index in join.ancestors:
-        if any(s.open_buckets.get(index) for s in summaries):
+        if any(s.open_buckets.get(index) or s.scheduled.get(index) for s in summaries):
             return True
         if nodes[index].join is not None and index not in done:
             return True
@@ -337,6 +387,20 @@ class Shards:
         self.aborted: set[int] = set()  # calls the gateway aborted, until it closes them
         self.late = 0  # messages of calls that had ended or were aborted here (their credit went back)
         self.turns: dict[int, int] = {}
+        self.aids = itertools.count(1)
+        self.forwards: OrderedDict[int, int] = OrderedDict()  # call -> where its forgotten shard's work went
+        self.outbox: list[tuple[int, Envelope]] = []
+        self.flushing = False
+
+    def forget(self, call_id: int, peer: int) -> None:
+        self.calls.pop(call_id, None)
+        self.forwards[call_id] = peer
+        self.forwards.move_to_end(call_id)
+        if len(self.forwards) > FORWARDS:
+            self.forwards.popitem(last=False)
+
+    def next_aid(self) -> int:
+        return next(self.aids) * AID_STRIDE + self.me
 
     def turn(self, node: int) -> int:
         turn = self.turns.get(node, self.me)
@@ -346,20 +410,38 @@ class Shards:
     def attach(self, call: Call) -> None:
         """Make `call` a shard of this process (the gateway's, as its runtime admits it, with the whole credit)."""
         router = call.router = ShardRouter(self, call)
-        call.aid_step = AID_STRIDE
-        call.last_aid = self.me
+        call.aid_source = self.next_aid
         if router.coordinator is not None:
             router.holding.take(ONE)
         self.calls[call.call_id] = call
 
     def send(self, dst: int, envelope: Envelope) -> None:
-        self.transport(dst, envelope)
+        """Queue `envelope` for `dst`: what one turn of the loop sends goes at its end, in order."""
+        self.outbox.append((dst, envelope))
+        if not self.flushing:
+            self.flushing = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flushing = False
+        outbox, self.outbox = self.outbox, []
+        for dst, envelope in outbox:
+            self.transport(dst, envelope)
+
+    def top_up(self, call_id: int, share: Any) -> bool:
+        """Add `share` to the last message of the call this turn queued that carries credit, if any."""
+        for _, envelope in reversed(self.outbox):
+            if envelope.call_id == call_id and envelope.credit is not None:
+                envelope.credit = envelope.credit + share
+                return True
+        return False
 
     def receive(self, envelope: Envelope) -> None:
         kind = envelope.kind
         call = self.calls.get(envelope.call_id)
         if kind == CLOSE:
             self.calls.pop(envelope.call_id, None)
+            self.forwards.pop(envelope.call_id, None)
             self.aborted.discard(envelope.call_id)
             return
         if kind == ABORT:
@@ -367,6 +449,13 @@ class Shards:
             if call is not None:
                 call.router.aborting = True
                 call.cancel("aborted")
+            return
+        if call is None and kind == CREDIT and self.me != self.placement.gateway:
+            # credit for a shard forgotten here: on to where its work went (or to the gateway)
+            hops = envelope.body[0] + 1
+            peer = self.forwards.get(envelope.call_id, self.placement.gateway) if hops < MAX_HOPS else self.placement.gateway
+            envelope.sender, envelope.body = self.me, (hops,)
+            self.send(peer, envelope)
             return
         if call is None:
             if self.me == self.placement.gateway or envelope.call_id in self.aborted:
@@ -417,6 +506,7 @@ class Shards:
             call.remote_release(program.consumers[body[0]])
         elif kind == RETURN:
             call.router.coordinator.returned(call, envelope.sender, *body)
+        # (CREDIT: only its credit, taken above; RETURN's too)
         elif kind == CANCEL:
             call.cancel(body[0])
 

@@ -1,0 +1,182 @@
+"""Calls spread over shard hosts (flowrt.control.shards), in one test process: what the gateway
+sends and receives does not grow with the graph, and failures, timeouts and a caller that
+goes away end the call as in one process, with nothing left in any host."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from tests.runtime.harness import collect, done, jitter, returned
+from tests.runtime.shard_fabric import open_fabric
+
+
+def chain(stages: int) -> str:
+    lines = ["placeholder request: Json", ""]
+    for i in range(stages):
+        source = "request" if i == 0 else f"x{i}"
+        lines += [f"role s{i} {{", '    impl "m:Stage"', f"    interface run {{ in {source}  out x{i + 1}: Json }}", "}", ""]
+    lines += ["graph g {", "    entry request", f"    return x{stages}", "}", ""]
+    return "\n".join(lines)
+
+
+def stage_roles(stages: int, rng: random.Random) -> dict[str, list[object]]:
+    roles = {}
+    for i in range(stages):
+        out = f"x{i + 1}"
+
+        class One:
+            field = out
+
+            async def run(self, ctx, **inputs):
+                (value,) = inputs.values()
+                await jitter(rng, 2)
+                return {self.field: value + 1}
+
+        roles[f"s{i}"] = [One()]
+    return roles
+
+
+async def settled(fabric) -> None:
+    await asyncio.wait_for(fabric.drained(), 5)
+    assert not fabric.failures, fabric.failures
+    left = {host: {k: v for k, v in stats.items() if v} for host, stats in fabric.statistics().items()}
+    assert all(not stats for stats in left.values()), left
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_100_stage_chain_costs_the_gateway_what_one_stage_does(seed, tmp_path):
+    async def messages(stages: int) -> tuple[int, int]:
+        directory = tmp_path / str(stages)
+        directory.mkdir()
+        fabric = await open_fabric(chain(stages), directory, stage_roles(stages, random.Random(seed)), random.Random(seed))
+        try:
+            events = await collect(fabric.runtimes[0], "g", {"request": 0})
+            assert returned(events) == {f"x{stages}": stages}
+            await settled(fabric)
+            assert sum(fabric.messages.values()) > stages  # the frames went host to host
+            return fabric.gateway_messages()
+        finally:
+            await fabric.close()
+
+    async def main():
+        one = await messages(1)
+        hundred = await messages(100)
+        assert one == (1, 2)  # the entry value out; the returned frame and the credit back
+        sent, received = hundred
+        assert sent == 1 and received <= 3, hundred  # (credit that missed a forgotten shard may come back apart)
+
+    asyncio.run(main())
+
+
+FAN = """
+placeholder request: Json
+
+role head {
+    impl "m:Head"
+    interface run { in request  out stream item: Json }
+}
+
+role work {
+    impl "m:Work"
+    replicas 2
+    timeout 50ms
+    interface run { in item  out result: Json }
+}
+
+graph g {
+    entry request
+    stream result
+}
+"""
+
+
+class Head:
+    async def run(self, ctx, request):
+        for n in range(request["items"]):
+            yield {"item": {"n": n, **request}}
+
+
+class Work:
+    def __init__(self, started: list, gate: asyncio.Event):
+        self.started, self.gate = started, gate
+
+    async def run(self, ctx, item):
+        self.started.append(item["n"])
+        if item["n"] == item.get("fail"):
+            raise ValueError(f"item {item['n']} is bad")
+        if item["n"] == item.get("hang"):
+            await self.gate.wait()  # never set: the interface's timeout, or the caller, ends it
+        return {"result": item["n"]}
+
+
+async def fan(tmp_path, rng_seed: int = 0):
+    started: list = []
+    gate = asyncio.Event()
+    roles = {"head": [Head()], "work": [Work(started, gate), Work(started, gate)]}
+    return await open_fabric(FAN, tmp_path, roles, random.Random(rng_seed)), started
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_role_that_raises_on_another_host_fails_its_output_and_the_rest_arrive(seed, tmp_path):
+    async def main():
+        fabric, _ = await fan(tmp_path, seed)
+        try:
+            events = await collect(fabric.runtimes[0], "g", {"request": {"items": 6, "fail": 3}})
+            got = sorted(e["value"] for e in events if e["event"] == "stream")
+            assert got == [0, 1, 2, 4, 5]
+            end = done(events)
+            assert end["status"] == "error" and [e["role"] for e in end["errors"]] == ["work"]
+            assert "item 3 is bad" in end["errors"][0]["message"]
+            await settled(fabric)
+        finally:
+            await fabric.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_timeout_on_a_replica_host_cancels_the_whole_call(seed, tmp_path):
+    async def main():
+        fabric, started = await fan(tmp_path, seed)
+        try:
+            events = await asyncio.wait_for(collect(fabric.runtimes[0], "g", {"request": {"items": 6, "hang": 2}}), 5)
+            end = done(events)
+            assert end["status"] == "cancelled" and end["reason"] == "timeout", end
+            assert [e["message"] for e in end["errors"]] == ["timed out after 0.05s"]
+            await settled(fabric)
+            # the next call runs as if nothing happened
+            events = await collect(fabric.runtimes[0], "g", {"request": {"items": 4}})
+            assert sorted(e["value"] for e in events if e["event"] == "stream") == [0, 1, 2, 3]
+            await settled(fabric)
+        finally:
+            await fabric.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_caller_that_goes_away_frees_every_host(seed, tmp_path):
+    async def main():
+        fabric, started = await fan(tmp_path, seed)
+        gateway = fabric.runtimes[0]
+        try:
+            got = []
+            async for event in gateway.call("g", {"request": {"items": 8, "hang": 5}}):
+                if event["event"] == "stream":
+                    got.append(event["value"])
+                if len(got) == 2:
+                    break  # the caller leaves with work in flight on the other hosts
+            await asyncio.wait_for(gateway.wait_idle(), 5)
+            await settled(fabric)
+            assert gateway.last_call is not None and gateway.last_call.cancel_reason == "client gone"
+            # a call's own timeout (the gateway's watchdog) ends it the same way
+            events = await collect(gateway, "g", {"request": {"items": 8, "hang": 5}}, timeout=0.02)
+            assert done(events)["status"] == "cancelled"
+            await settled(fabric)
+        finally:
+            await fabric.close()
+
+    asyncio.run(main())
