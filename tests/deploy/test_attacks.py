@@ -9,6 +9,7 @@ attempt is counted (/stats, /metrics' flowrt_refused_total)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 import shutil
@@ -75,10 +76,8 @@ def intruder(
 def offer(sock: zmq.Socket, frames: list[bytes]) -> None:
     """Send `frames` if the socket will take them now. A peer whose handshake was refused has no
     pipe to queue on once the refusal lands, so zmq may answer Again: that is the defence working."""
-    try:
+    with contextlib.suppress(zmq.Again):
         sock.send_multipart(frames, zmq.NOBLOCK)
-    except zmq.Again:
-        pass
 
 
 async def scrape(deployment) -> dict:

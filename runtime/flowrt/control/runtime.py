@@ -23,7 +23,7 @@ import itertools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
@@ -175,6 +175,21 @@ class Runtime:
                 setup = getattr(instance, "setup", None)
                 if setup is not None:
                     await self._setup(name, replica, setup, binding.threads[replica])
+        self._bind_nodes(hosted)
+
+    def host(self, role: str, instance: Any, thread: ReplicaThread) -> None:
+        """Bind one replica's instance, constructed and set up already (its `thread` runs its
+        plain methods), as the only one of `role`: a process hosting that replica's part of
+        every call (flowrt.control.shards)."""
+        spec = self.roles[role]
+        self.instances[role] = [instance]
+        binding = self.bindings[role] = RoleBinding(
+            spec, [instance], self.globals, self.log, self.memory, tuple(self.bundle.python_path)
+        )
+        binding.threads[0] = thread
+        self._bind_nodes({role})
+
+    def _bind_nodes(self, hosted: Collection[str]) -> None:
         for program in self.programs.values():
             for node in program.nodes:
                 if node.interface and node.role in hosted:

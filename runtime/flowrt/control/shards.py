@@ -53,6 +53,7 @@ log = logging.getLogger("flowrt")
 ARRIVE, END, UNREACHABLE, FIRE, JOIN_FRAME, CALLER_FRAME, ERRORED = range(7)  # signals
 RESOLVE, RELEASE, RETURN, CREDIT, ABORT, CANCEL, CLOSE = range(7, 14)  # the call as a whole
 AID_STRIDE = 1 << 16  # a process's aids are its number plus multiples of this: unique across processes and calls
+CLOSED = 65_536  # calls a process remembers it closed (messages of a failed call may still come)
 FORWARDS = 4096  # calls whose forgotten shard's last peer a process remembers (credit that comes late follows it)
 MAX_HOPS = 8  # credit handed on this many times goes to the gateway (two forgotten shards may point at each other)
 BLOCKED = "the call's control found nothing it may run, though work is held (a flowrt bug; the server's log has it)"
@@ -391,6 +392,7 @@ class Shards:
         self.forwards: OrderedDict[int, int] = OrderedDict()  # call -> where its forgotten shard's work went
         self.outbox: list[tuple[int, Envelope]] = []
         self.flushing = False
+        self.closed: OrderedDict[int, None] = OrderedDict()
 
     def forget(self, call_id: int, peer: int) -> None:
         self.calls.pop(call_id, None)
@@ -443,6 +445,12 @@ class Shards:
             self.calls.pop(envelope.call_id, None)
             self.forwards.pop(envelope.call_id, None)
             self.aborted.discard(envelope.call_id)
+            self.closed[envelope.call_id] = None
+            if len(self.closed) > CLOSED:
+                self.closed.popitem(last=False)
+            return
+        if call is None and envelope.call_id in self.closed:
+            self.late += 1  # (a call the gateway ended without its credit: a process it needed went down)
             return
         if kind == ABORT:
             self.aborted.add(envelope.call_id)
@@ -509,6 +517,15 @@ class Shards:
         # (CREDIT: only its credit, taken above; RETURN's too)
         elif kind == CANCEL:
             call.cancel(body[0])
+
+    def lost(self, message: str, where: str) -> None:
+        """The gateway's: a process went down with whatever credit of its calls it held, so no
+        call in flight can be known complete: each ends now with an error saying so."""
+        for call in list(self.calls.values()):
+            coordinator = call.router.coordinator
+            if coordinator is not None and not call.ended:
+                call.fail(message, where)
+                coordinator.finish(call)
 
     def statistics(self) -> dict[str, int]:
         """Shards and abort marks held now (0 once every call has closed), and what they hold."""

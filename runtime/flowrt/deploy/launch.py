@@ -182,6 +182,8 @@ async def _open(
         await supervisor.close()
         raise
     supervisor.memory_down = functools.partial(runtime.fail_all, where="memory manager")
+    if getattr(supervisor, "sharded", False):
+        supervisor.open_shards(runtime)
     return Deployment(kind, runtime, supervisor)
 
 

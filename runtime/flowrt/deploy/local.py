@@ -52,6 +52,7 @@ START_TIMEOUT = 120.0  # seconds for every replica to import, construct, set up 
 STOP_GRACE = 3.0
 RELAY_LINE = 1 << 20  # stderr lines longer than this are relayed in pieces
 CONFIG_ENV = "FLOWRT_REPLICA_CONFIG"
+CONTROL_ENV = "FLOWRT_CONTROL"  # "shards": calls spread over the replicas (docs/design/decentralised.md)
 THREADS_ENV = "OMP_NUM_THREADS"  # sizes torch's intra-op pool, OpenMP, MKL and OpenBLAS in a replica process
 log = logging.getLogger("flowrt.deploy")
 
@@ -83,6 +84,24 @@ def exit_text(code: int | None) -> str:
         except ValueError:
             return f"its process was killed by signal {-code}"
     return f"its process exited with status {code}"
+
+
+def shards_wanted(bundle: Bundle) -> bool:
+    """Whether FLOWRT_CONTROL asks for calls spread over the replicas ("shards"; "" or "gateway":
+    the gateway runs every call's control); DeployError for another value, or for a bundle
+    whose roles keep session globals, which live in the gateway for now."""
+    mode = os.environ.get(CONTROL_ENV, "").strip()
+    if mode in ("", "gateway"):
+        return False
+    if mode != "shards":
+        raise DeployError(f"{CONTROL_ENV}={mode!r}: say `shards` (each replica runs its role's part of a call) or `gateway`")
+    users = sorted(name for name, spec in bundle.roles.items() if spec.uses)
+    if users:
+        raise DeployError(
+            f"{CONTROL_ENV}=shards: role `{users[0]}` keeps session globals, which only the gateway's control holds "
+            f"for now; unset {CONTROL_ENV} to run {bundle.name}"
+        )
+    return True
 
 
 def available_cpus() -> int:
@@ -139,6 +158,10 @@ class LocalSupervisor:
         self.stopping = False
         self.restarted = 0
         self.failed_start: asyncio.Future | None = None
+        # FLOWRT_CONTROL=shards: each replica hosts its role's part of every call (flowrt.control.shards)
+        self.sharded = shards_wanted(bundle)
+        self.shards: Any = None  # the gateway's, and its sockets to the replicas (`open_shards`)
+        self.peers: Any = None
 
     # ── what the runtime asks of a binder ──
 
@@ -310,6 +333,7 @@ class LocalSupervisor:
             "debug": self.debug,
             "keys": self.keys.for_replica(),  # (flowrt.transport.keys: all but the gateway's secret)
             "log_format": log_format(),
+            "shards": self.shard_config(process.role, process.replica) if self.sharded else None,
             "sys_path": [p for p in sys.path if p],
             "memory": None
             if self.manager is None
@@ -319,6 +343,27 @@ class LocalSupervisor:
                 "colocated": self.colocation(process.role),
             },
         }
+
+    def shard_config(self, role: str, replica: int) -> dict:
+        """Where every process of the deployment listens for its peers, and which it is."""
+        expected = self.expected()
+        hosts: dict[str, list[int]] = {}
+        endpoints = {0: self.endpoint("peers-gateway")}
+        for number, (name, index) in enumerate(expected, 1):
+            hosts.setdefault(name, []).append(number)
+            endpoints[number] = self.endpoint(f"peers-{name}-{index}")
+        return {"me": 1 + expected.index((role, replica)) if role else 0, "endpoints": endpoints, "hosts": hosts}
+
+    def open_shards(self, runtime: Any) -> None:
+        """Make the gateway's runtime spread its calls over the replicas (FLOWRT_CONTROL=shards)."""
+        from flowrt.control.shards import Shards
+        from flowrt.deploy.peers import Peers, endpoints_of, placement_of
+
+        config = self.shard_config("", 0)
+        placement = placement_of(config)
+        self.peers = Peers(self.keys, "gateway", 0, endpoints_of(config), placement, "the gateway")
+        self.shards = runtime.shards = Shards(runtime, 0, placement, self.peers.send)
+        self.peers.deliver = self.shards.receive
 
     async def _spawn(self, process: Process) -> None:
         process.last_error = ""
@@ -457,6 +502,9 @@ class LocalSupervisor:
         started, whose PID the record carries (a record comes only from a holder of the
         deployment's keys; even so, one naming another process never gets this one killed)."""
         self.remote.on_down(record, reason)
+        if self.shards is not None and (record.role, record.replica) in self.processes:
+            where = f"replica {record.replica} of role `{record.role}`"
+            self.shards.lost(f"{where} went down while calls were spread over it ({reason})", where)
         process = self.processes.get((record.role, record.replica))
         if (
             process is not None
@@ -494,6 +542,8 @@ class LocalSupervisor:
                 if task is not None and not task.done():
                     task.cancel()
         self.remote.close()
+        if self.peers is not None:
+            self.peers.close()
         if self.manager is not None:
             await self.manager.close()
         if self.memory is not None:

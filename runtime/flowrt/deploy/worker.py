@@ -114,6 +114,8 @@ class Replica:
         self.gateway_pid = config.get("gateway_pid") or 0
         self.scoped = config.get("log_format") == "json"  # records logged by an activation carry its call id
         self.reports = False  # progress lines on stderr: a process of its own's (`amain`), read by its supervisor
+        self.shards: Any = None  # with FLOWRT_CONTROL=shards: its part of every call, and the sockets to its peers
+        self.peers: Any = None
 
     def open_memory(self) -> None:
         """Connect to the machine's memory manager, if the deployment runs one."""
@@ -194,6 +196,13 @@ class Replica:
         self.keys.serve(self.socket, self.config["address"])
         self.address = bind(self.socket, self.config["address"])
         self.generators = sorted(name for name in self.spec.interfaces if streams(getattr(self.instance, name, None)))
+        if self.config.get("shards"):  # this process hosts its role's part of every call (flowrt.control.shards)
+            from flowrt.deploy.peers import host_process
+
+            what = f"replica {self.index} of role `{self.role_name}`"
+            self.shards, self.peers = host_process(
+                self.config["shards"], self.bundle, self.keys, self.role_name, self.instance, self.thread, self.memory, what
+            )
         await self.connect_registry()
 
     def progress(self, step: str) -> None:
@@ -258,6 +267,8 @@ class Replica:
         kvpools.detach(self.memory)
         if self.guard is not None:
             self.guard.stop()
+        if self.peers is not None:
+            self.peers.close()
         self.reader.close()
         self.plain.destroy(linger=0)
         self.context.destroy(linger=0)
@@ -333,6 +344,8 @@ class Replica:
                 task.cancel()
         elif kind is m.Probe:
             tracked = len(self.credits) + len(self.credit_waiters) + len(self.cancelled)
+            if self.shards is not None:  # (its shards, and what they hold)
+                tracked += sum(self.shards.statistics().values())
             pools = getattr(self.memory, "params", None)
             kv = pools.statistics() if pools is not None and pools.pools else {}
             running = len(self.tasks) + (self.thread.running() if self.thread is not None else 0)

@@ -14,6 +14,8 @@ was the caller's to fix), `Cancelled`
 (where the role was when cancelled), `Stats` (the answer to `Probe`).
 Replica → registry: `Register` then `Heartbeat` every interval (its load).
 Either way: `Batch`, the messages one event-loop turn sent to one peer, in one ZMQ message.
+Process to process, for calls spread over them (flowrt.control.shards): `Shard`, one message
+of one call; its body (signal arguments, frames) and credit are pickled beside it.
 """
 
 from __future__ import annotations
@@ -116,6 +118,17 @@ class Heartbeat(Message, tag="heartbeat"):
     tokens: int  # tokens in flight, as engine roles will report them (0 until engines do)
 
 
+# ── process to process: calls spread over them ──
+
+
+class Shard(Message, tag="shard"):
+    call_id: int
+    graph: str
+    session: str
+    sender: int  # the sending process's number in the deployment's placement
+    kind: int  # what it asks (flowrt.control.shards: ARRIVE ... CLOSE)
+
+
 # ── either way ──
 
 
@@ -129,6 +142,7 @@ class Batch(Message, tag="batch"):
 GatewayMessage = Start | Credit | Cancel | Probe | Stop | Batch
 ReplicaMessage = Frame | Return | Failed | Cancelled | Stats | Batch
 RegistryMessage = Register | Heartbeat
+PeerMessage = Shard
 
 
 class Garbage(Exception):
@@ -140,6 +154,7 @@ _decoders = {
     "gateway": msgspec.msgpack.Decoder(GatewayMessage),
     "replica": msgspec.msgpack.Decoder(ReplicaMessage),
     "registry": msgspec.msgpack.Decoder(RegistryMessage),
+    "peer": msgspec.msgpack.Decoder(PeerMessage),
 }
 
 

@@ -1,0 +1,122 @@
+"""The sockets between the processes of a `local` deployment whose calls are spread over them
+(flowrt.control.shards; FLOWRT_CONTROL=shards): each process binds one ROUTER, which admits
+only holders of the deployment's gateway or member key (flowrt.transport.keys), and dials a
+DEALER to each peer it sends to, so every pair of processes has one ordered channel. A
+message is a `messages.Shard` envelope, its body and credit pickled beside it; it is decoded
+only from an authenticated peer, and anything that is not a message of this protocol, names
+a sender outside the placement or carries a share that cannot be one is logged and dropped.
+
+`host_process` makes a replica process the host of its role's nodes (its own Runtime over the
+bundle, its one instance bound); `Placement` numbers the processes: the gateway 0, then every
+replica in the supervisor's order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import zmq
+
+from flowrt.control.credit import Credit
+from flowrt.control.runtime import Runtime
+from flowrt.control.shards import CLOSE, Envelope, Placement, Shards
+from flowrt.transport import codec
+from flowrt.transport import messages as m
+from flowrt.transport.keys import Guard, Keys
+from flowrt.transport.sockets import Reader, bind
+
+log = logging.getLogger("flowrt.deploy")
+
+
+def placement_of(config: dict) -> Placement:
+    return Placement(0, {role: tuple(numbers) for role, numbers in config["hosts"].items()})
+
+
+class Peers:
+    """One process's ends of the channels to the other processes of its deployment."""
+
+    def __init__(self, keys: Keys, as_: str, me: int, endpoints: dict[int, str], placement: Placement, what: str):
+        self.keys, self.as_, self.me, self.endpoints, self.placement = keys, as_, me, endpoints, placement
+        self.deliver: Any = None  # Shards.receive, once the process's shards exist
+        self.loop = asyncio.get_running_loop()
+        self.context = zmq.Context()
+        self.guard = Guard(self.context, keys, ["gateway", "member"], what)
+        self.router = self.context.socket(zmq.ROUTER)
+        for option in (zmq.LINGER, zmq.SNDHWM, zmq.RCVHWM):
+            self.router.setsockopt(option, 0)
+        keys.serve(self.router, endpoints[me])
+        bind(self.router, endpoints[me])
+        self.guard.watch(self.router, self.loop)
+        self.reader = Reader(self.router, self._received, self.loop)
+        self.dealers: dict[int, zmq.Socket] = {}
+        self.sent = self.received = self.garbage = 0
+        self.what = what
+
+    def send(self, dst: int, envelope: Envelope) -> None:
+        if dst == self.me:
+            self.loop.call_soon(self.deliver, envelope)
+            return
+        sock = self.dealers.get(dst)
+        if sock is None:
+            sock = self.dealers[dst] = self.context.socket(zmq.DEALER)
+            for option in (zmq.LINGER, zmq.SNDHWM):
+                sock.setsockopt(option, 0)
+            self.keys.dial(sock, self.as_, self.endpoints[dst])
+            sock.connect(self.endpoints[dst])
+        credit = None if envelope.credit is None else envelope.credit.wire()
+        header = m.Shard(m.VERSION, envelope.call_id, envelope.graph, envelope.session, envelope.sender, envelope.kind)
+        sock.send_multipart([m.encode(header), *codec.dumps((envelope.body, credit))], zmq.NOBLOCK, copy=False)
+        self.sent += 1
+
+    def _received(self, frames: list) -> None:
+        if len(frames) < 3:
+            self._garbage("a message without an envelope and a body")
+            return
+        try:
+            header = m.decode("peer", frames[1].buffer)
+        except m.Garbage as error:
+            self._garbage(str(error))
+            return
+        if header.sender not in self.placement.processes or not 0 <= header.kind <= CLOSE:
+            self._garbage(f"a message from process {header.sender} of kind {header.kind}, which this deployment has not")
+            return
+        try:  # (the peer holds the deployment's key: its pickles are its own processes')
+            body, credit = codec.loads(frames[2:])
+            if type(body) is not tuple:
+                raise TypeError(f"a body is a tuple, not {type(body).__name__}")
+            share = None if credit is None else Credit.from_wire(*credit)
+        except Exception as error:  # noqa: BLE001 - CreditError, TypeError, what a bad pickle raises
+            self._garbage(f"a body that cannot be read ({type(error).__name__}: {error})")
+            return
+        self.received += 1
+        self.deliver(Envelope(header.call_id, header.graph, header.session, header.sender, header.kind, body, share))
+
+    def _garbage(self, why: str) -> None:
+        self.garbage += 1
+        log.warning("%s: dropped %s", self.what, why)
+
+    def close(self) -> None:
+        self.reader.close()
+        for sock in self.dealers.values():
+            sock.close(0)
+        self.guard.stop()
+        self.context.destroy(linger=0)
+
+
+def endpoints_of(config: dict) -> dict[int, str]:
+    return {int(number): endpoint for number, endpoint in config["endpoints"].items()}
+
+
+def host_process(config: dict, bundle: Any, keys: Keys, role: str, instance: Any, thread: Any, memory: Any, what: str):
+    """(the Shards of a replica process hosting `instance` of `role`, its Peers) for `config`
+    (the supervisor's `shards` entry of the replica's configuration)."""
+    runtime = Runtime(bundle)
+    runtime.memory = memory
+    runtime.host(role, instance, thread)
+    placement = placement_of(config)
+    peers = Peers(keys, "member", config["me"], endpoints_of(config), placement, what)
+    shards = Shards(runtime, config["me"], placement, peers.send)
+    peers.deliver = shards.receive
+    return shards, peers
