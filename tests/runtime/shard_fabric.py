@@ -7,12 +7,16 @@ transport allows (ordered per pair, anything across pairs), without sleeping."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections import deque
 from pathlib import Path
 
+from flowrt.bundle import load_bundle
 from flowrt.control import Runtime
-from flowrt.control.shards import Placement, Shards
+from flowrt.control.envelopes import Placement
+from flowrt.control.shards import ShardBinding, Shards
+from flowrt.control.threads import ReplicaThread
 from tests.runtime.harness import bundle_of, jitter
 
 
@@ -79,11 +83,12 @@ async def open_fabric(text: str, directory: Path, roles: dict[str, list[object]]
             layout.append((number, role, instance))
             hosts.setdefault(role, []).append(number)
     placement = Placement(0, {role: tuple(numbers) for role, numbers in hosts.items()})
-    gateway = await Runtime.open(bundle, hosts=set())
+    gateway = Runtime(load_bundle(bundle))
     gateway.shards = fabric.hosts[0] = Shards(gateway, 0, placement, fabric.sender(0))
     fabric.runtimes[0] = gateway
-    for number, role, instance in layout:
-        runtime = await Runtime.open(bundle, {role: [instance]}, hosts={role})
+    for number, role, instance in layout:  # (as flowrt.deploy.peers.host_process makes a replica process's)
+        runtime = Runtime(load_bundle(bundle))
+        shards = fabric.hosts[number] = Shards(runtime, number, placement, fabric.sender(number))
+        runtime.host(role, instance, ReplicaThread(f"{role}/{number}"), functools.partial(ShardBinding, shards=shards))
         fabric.runtimes[number] = runtime
-        fabric.hosts[number] = Shards(runtime, number, placement, fabric.sender(number))
     return fabric

@@ -180,3 +180,66 @@ def test_a_caller_that_goes_away_frees_every_host(seed, tmp_path):
             await fabric.close()
 
     asyncio.run(main())
+
+
+TURNS = """
+placeholder request: Json
+
+global chat: History {
+    max_turns 20
+}
+
+role counter {
+    impl "m:Counter"
+    uses chat
+    interface run { in request  out turn: Json }
+}
+
+role echo {
+    impl "m:Echo"
+    replicas 2
+    uses chat
+    interface run { in turn  out stream seen: Json }
+}
+
+graph g {
+    entry request
+    stream seen
+}
+"""
+
+
+class Counter:
+    async def run(self, ctx, request):
+        ctx.globals["chat"]["turns"] = ctx.globals["chat"].get("turns", 0) + 1
+        ctx.globals["chat"].pop("gone", None)
+        return {"turn": ctx.globals["chat"]["turns"]}
+
+
+class Echo:
+    async def run(self, ctx, turn):
+        ctx.globals["chat"].setdefault("echoes", []).append(turn)
+        yield {"seen": (turn, list(ctx.globals["chat"]["echoes"]))}
+
+
+def test_session_globals_on_other_hosts_carry_over_from_call_to_call(tmp_path):
+    async def main():
+        roles = {"counter": [Counter()], "echo": [Echo(), Echo()]}
+        fabric = await open_fabric(TURNS, tmp_path, roles, random.Random(0))
+        gateway = fabric.runtimes[0]
+        try:
+            gateway.globals[("s", "chat")]["gone"] = True
+            seen = []
+            for _ in range(3):
+                events = await collect(gateway, "g", {"request": {}}, session="s")
+                seen += [e["value"] for e in events if e["event"] == "stream"]
+                await settled(fabric)
+            # each call saw what the calls before it left, whichever replica ran it
+            assert seen == [(1, [1]), (2, [1, 2]), (3, [1, 2, 3])]
+            assert gateway.globals[("s", "chat")] == {"turns": 3, "echoes": [1, 2, 3]}  # ("gone" deleted)
+            for host, runtime in fabric.runtimes.items():
+                assert host == 0 or not any(state for state in runtime.globals.values()), host  # kept in the gateway only
+        finally:
+            await fabric.close()
+
+    asyncio.run(main())

@@ -113,7 +113,6 @@ class Runtime:
         clock: Callable[[], float] = time.monotonic,
         binder: Any = None,
         memory: Any = None,
-        hosts: set[str] | None = None,
     ) -> Runtime:
         """Load a bundle, import, construct and check its roles, and run their `setup`
         (`instances` overrides impls, e.g. in tests). Idle sessions keep their state for
@@ -123,13 +122,11 @@ class Runtime:
         `binder.binding(spec, globals, log)` gives each role's binding and
         `binder.generator(role, interface)` says whether an interface streams frames and
         `binder.retired(call_id)` hears of each call that ended.
-        `memory` is what roles see as `ctx.memory` (flowrt.memory.api; open_deployment gives one).
-        `hosts`: only these roles are imported and set up (a process hosting part of each call:
-        flowrt.control.shards); None: every role."""
+        `memory` is what roles see as `ctx.memory` (flowrt.memory.api; open_deployment gives one)."""
         runtime = cls(load_bundle(Path(path)), session_ttl=session_ttl, max_sessions=max_sessions, clock=clock)
         runtime.memory = memory
         if binder is None:
-            await runtime._instantiate(instances or {}, hosts)
+            await runtime._instantiate(instances or {})
         else:
             runtime._bind(binder)
         return runtime
@@ -157,10 +154,9 @@ class Runtime:
 
     # ── roles ──
 
-    async def _instantiate(self, overrides: dict[str, list[Any]], hosts: set[str] | None = None) -> None:
+    async def _instantiate(self, overrides: dict[str, list[Any]]) -> None:
         python_path = self.bundle.python_path
-        hosted = {name: role for name, role in self.roles.items() if hosts is None or name in hosts}
-        for name, role in sorted(hosted.items()):
+        for name, role in sorted(self.roles.items()):
             if name in overrides:
                 self.instances[name] = list(overrides[name])
             else:
@@ -169,23 +165,22 @@ class Runtime:
             for instance in self.instances[name]:
                 impls.check_instance(role, instance)
         prefer = tuple(python_path)
-        for name, role in sorted(hosted.items()):
+        for name, role in sorted(self.roles.items()):
             binding = self.bindings[name] = RoleBinding(role, self.instances[name], self.globals, self.log, self.memory, prefer)
             for replica, instance in enumerate(self.instances[name]):
                 setup = getattr(instance, "setup", None)
                 if setup is not None:
                     await self._setup(name, replica, setup, binding.threads[replica])
-        self._bind_nodes(hosted)
+        self._bind_nodes(self.roles)
 
-    def host(self, role: str, instance: Any, thread: ReplicaThread) -> None:
+    def host(self, role: str, instance: Any, thread: ReplicaThread, binding_class: Callable = RoleBinding) -> None:
         """Bind one replica's instance, constructed and set up already (its `thread` runs its
         plain methods), as the only one of `role`: a process hosting that replica's part of
-        every call (flowrt.control.shards)."""
+        every call (flowrt.control.shards, whose ShardBinding is the `binding_class`)."""
         spec = self.roles[role]
         self.instances[role] = [instance]
-        binding = self.bindings[role] = RoleBinding(
-            spec, [instance], self.globals, self.log, self.memory, tuple(self.bundle.python_path)
-        )
+        prefer = tuple(self.bundle.python_path)
+        binding = self.bindings[role] = binding_class(spec, [instance], self.globals, self.log, self.memory, prefer)
         binding.threads[0] = thread
         self._bind_nodes({role})
 

@@ -16,11 +16,17 @@ calls it starts; the runtime writes it into the session's state of every KVCache
 `SCOPE_KEY` when the call takes its session's turn, so it travels with the session's globals to
 whichever process runs a role that `uses` one, where `ctx.kv` salts the page keys with it
 (flowrt.params.session.KVSession): two scopes never share a page, one scope shares as before.
+
+Where a role runs in another process than the one keeping its session's globals, it gets a copy
+and what it set, changed or deleted goes back (`snapshot_globals`, `globals_changes`,
+`apply_globals_changes`): applied key by key, so two activations changing the same key at the
+same time leave the one that ended last.
 """
 
 from __future__ import annotations
 
 import asyncio
+import pickle
 import secrets
 import time
 from collections import OrderedDict, deque
@@ -194,3 +200,41 @@ class SessionStore:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def snapshot_globals(uses: dict | None) -> dict | None:
+    """Each global's entries as pickles, to find what an activation changed."""
+    if not uses:
+        return None
+    return {name: {key: _fingerprint(value) for key, value in state.items()} for name, state in uses.items()}
+
+
+def globals_changes(before: dict | None, uses: dict | None) -> dict | None:
+    """{global: (entries set or changed, keys deleted)} since `before`, or None."""
+    if before is None or uses is None:
+        return None
+    changes = {}
+    for name, state in uses.items():
+        old = before.get(name, {})
+        changed = {key: value for key, value in state.items() if old.get(key) != _fingerprint(value)}
+        deleted = [key for key in old if key not in state]
+        if changed or deleted:
+            changes[name] = (changed, deleted)
+    return changes or None
+
+
+def apply_globals_changes(uses: dict, changes: dict | None) -> None:
+    """Apply what `globals_changes` found to the session's own copy (`uses`: global -> its state)."""
+    for name, (changed, deleted) in (changes or {}).items():
+        state = uses.get(name)
+        if state is not None:
+            state.update(changed)
+            for key in deleted:
+                state.pop(key, None)
+
+
+def _fingerprint(value: Any) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=5)
+    except Exception:  # noqa: BLE001 - unpicklable: always counts as changed (and fails to send, clearly)
+        return b""

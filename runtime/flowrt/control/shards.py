@@ -44,73 +44,39 @@ from typing import Any
 
 from flowrt.control.call import Call
 from flowrt.control.credit import ONE, Holding
-from flowrt.control.program import CALLER, DIRECT, JOIN, ORDERED_STREAM, GraphProgram, NodeProgram
+from flowrt.control.envelopes import (
+    ABORT,
+    ARRIVE,
+    CALLER_FRAME,
+    CANCEL,
+    CLOSE,
+    CREDIT,
+    END,
+    ERRORED,
+    FIRE,
+    GLOBALS,
+    GLOBALS_GET,
+    GLOBALS_PUT,
+    JOIN_FRAME,
+    RELEASE,
+    RESOLVE,
+    RETURN,
+    UNREACHABLE,
+    Envelope,
+    Placement,
+)
+from flowrt.control.program import CALLER, DIRECT, JOIN, NodeProgram
+from flowrt.control.quiescence import Coordinator, Summary, trivial
+from flowrt.control.roles import Context, RoleBinding
+from flowrt.control.sessions import apply_globals_changes, globals_changes, snapshot_globals
 from flowrt.control.signals import Reason
 
 log = logging.getLogger("flowrt")
 
-# what a message asks of the shard it reaches
-ARRIVE, END, UNREACHABLE, FIRE, JOIN_FRAME, CALLER_FRAME, ERRORED = range(7)  # signals
-RESOLVE, RELEASE, RETURN, CREDIT, ABORT, CANCEL, CLOSE = range(7, 14)  # the call as a whole
 AID_STRIDE = 1 << 16  # a process's aids are its number plus multiples of this: unique across processes and calls
 CLOSED = 65_536  # calls a process remembers it closed (messages of a failed call may still come)
 FORWARDS = 4096  # calls whose forgotten shard's last peer a process remembers (credit that comes late follows it)
 MAX_HOPS = 8  # credit handed on this many times goes to the gateway (two forgotten shards may point at each other)
-BLOCKED = "the call's control found nothing it may run, though work is held (a flowrt bug; the server's log has it)"
-
-
-class Envelope:
-    """One message between shards: which call, from whom, what, and the credit it carries (None: it starts no work)."""
-
-    __slots__ = ("call_id", "graph", "session", "sender", "kind", "body", "credit")
-
-    def __init__(self, call_id: int, graph: str, session: str, sender: int, kind: int, body: tuple, credit: Any):
-        self.call_id, self.graph, self.session, self.sender = call_id, graph, session, sender
-        self.kind, self.body, self.credit = kind, body, credit
-
-
-class Summary:
-    """What a shard holds of a call when it returns its credit: all the gateway needs to decide at quiescence."""
-
-    __slots__ = ("in_flight", "scheduled", "open_buckets", "joins_done", "alive", "counters", "heap", "held")
-
-    def __init__(self, call: Call | None = None):
-        self.in_flight = 0
-        self.scheduled: dict[int, int] = {}  # node -> activations not ended (quiet: held for order)
-        self.open_buckets: dict[int, int] = {}  # node -> open buckets
-        self.joins_done: frozenset[int] = frozenset()  # joins resolved here
-        self.alive: dict[int, int] = {}  # session reset -> work alive here that can reach it (may be negative)
-        self.counters: dict[int, int] = {}  # session node -> its output counter (nonzero only on its host)
-        self.heap: dict[int, tuple] = {}  # order consumer -> smallest bound of work here reaching it
-        self.held: dict[int, tuple] = {}  # order consumer -> smallest key held here for it
-        if call is None:
-            return
-        self.in_flight = call.in_flight
-        self.scheduled = {i: n for i, n in enumerate(call.running_by_node) if n}
-        self.open_buckets = {i: n for i, n in enumerate(call.open_buckets) if n}
-        self.joins_done = frozenset(call.joins_done)
-        self.alive = {i: n for i, n in enumerate(call.alive) if n}
-        self.counters = {i: n for i, n in enumerate(call.session_counters) if n}
-        for consumer in call.program.consumers:
-            bound = call.heap_bound(consumer)
-            if bound is not None:
-                self.heap[consumer.index] = bound
-            if consumer.kind == ORDERED_STREAM:
-                held = call.stream_held[consumer.target]
-            else:
-                sequencer = call.sequencers.get(consumer.target)
-                held = sequencer.held if sequencer is not None else ()
-            if held:
-                self.held[consumer.index] = held[0][0]
-
-
-class Placement:
-    """Which process hosts what: `gateway`, and each role's replicas' processes in replica order."""
-
-    def __init__(self, gateway: int, hosts: dict[str, tuple[int, ...]]):
-        self.gateway = gateway
-        self.hosts = hosts
-        self.processes = frozenset({gateway, *(p for ps in hosts.values() for p in ps)})
 
 
 def _hash(text: str) -> int:
@@ -236,7 +202,7 @@ class ShardRouter:
         errors = call.errors[self.sent_errors :]
         self.sent_errors = len(call.errors)
         summary = Summary(call)
-        if self.reported or errors or not _trivial(call, summary):
+        if self.reported or errors or not trivial(call, summary):
             self.reported = True
             self.told_gateway = False
             envelope = Envelope(self.call_id, self.graph, self.session, self.me, RETURN, (summary, errors), share)
@@ -259,122 +225,6 @@ class ShardRouter:
             self.send(self.gateway, CANCEL, (reason,), work=False)
 
 
-class Coordinator:
-    """The gateway's side of one call spread over processes: the credit that came back, the
-    latest summary of each shard, and the decisions taken when the whole call is quiet."""
-
-    __slots__ = ("router", "summaries", "aborted")
-
-    def __init__(self, router: ShardRouter):
-        self.router = router
-        self.summaries: dict[int, Summary] = {}
-        self.aborted = False
-
-    def returned(self, call: Call, sender: int, summary: Summary, errors: list) -> None:
-        self.summaries[sender] = summary
-        call.errors.extend(errors)
-
-    def abort(self) -> None:
-        router = self.router
-        self.aborted = True
-        for process in sorted(router.shards.placement.processes - {router.me}):
-            router.send(process, ABORT, (), work=False)
-
-    def quiet(self, call: Call) -> None:
-        router = self.router
-        if router.depth or call.running or call.phantoms or call.ended or router.holding.held != ONE:
-            return
-        summaries = [*self.summaries.values(), Summary(call)]
-        if call.cancelled:
-            self.finish(call)
-            return
-        program = call.program
-        done = frozenset().union(*(s.joins_done for s in summaries))
-        for join in program.joins:  # in topological order, as the in-process core does
-            if join.index not in done and not _fed(program, join, summaries, done):
-                router.send(router._host(join, (join.index,)), RESOLVE, (join.index,))
-                return
-        if sum(s.in_flight for s in summaries) == 0:
-            self.finish(call)
-            return
-        released = False
-        for consumer in program.consumers:
-            held = min((s.held[consumer.index] for s in summaries if consumer.index in s.held), default=None)
-            if held is None:
-                continue
-            bound = _bound(program, consumer, summaries, done)
-            if bound is not None and held > bound:
-                continue
-            if consumer.kind == ORDERED_STREAM:
-                host = router.me
-            else:
-                host = router._host(program.nodes[consumer.target], None)
-            router.send(host, RELEASE, (consumer.index, bound))
-            released = True
-        if not released:
-            log.error("call %s: %d activations held and none may run (a flowrt bug)", call.call_id, call.in_flight)
-            call.fail(BLOCKED, "flowrt")
-            self.finish(call)
-
-    def finish(self, call: Call) -> None:
-        router = self.router
-        shards = router.shards
-        call.finish_call()
-        shards.calls.pop(router.call_id, None)
-        targets = shards.placement.processes if self.aborted else self.summaries.keys()
-        for process in sorted(set(targets) - {router.me}):
-            router.send(process, CLOSE, (), work=False)
-
-
-def _trivial(call: Call, summary: Summary) -> bool:
-    """Whether a quiet shard holds nothing the call still needs (so it may be forgotten)."""
-    return not (
-        call.buckets
-        or call.resolved
-        or call.joins
-        or call.joins_done
-        or call.sequencers
-        or call.seen_unreachable
-        or summary.in_flight
-        or summary.scheduled
-        or summary.open_buckets
-        or summary.alive
-        or summary.counters
-        or summary.heap
-        or summary.held
-    )
-
-
-def _fed(program: GraphProgram, join: NodeProgram, summaries: list[Summary], done: frozenset) -> bool:
-    """Whether work anywhere (a held activation, an open bucket, an unresolved join) can still feed `join`."""
-    nodes = program.nodes
-    for index in join.ancestors:
-        if any(s.open_buckets.get(index) or s.scheduled.get(index) for s in summaries):
-            return True
-        if nodes[index].join is not None and index not in done:
-            return True
-    return False
-
-
-def _bound(program: GraphProgram, consumer: Any, summaries: list[Summary], done: frozenset) -> tuple | None:
-    """The smallest key that can still reach `consumer`, over every shard (as Delivery._lower_bound in one process)."""
-    for join in consumer.join_resets:
-        if join not in done:
-            return ()
-    bound = None
-    for reset in consumer.session_resets:
-        if sum(s.alive.get(reset, 0) for s in summaries) > 0:
-            node = program.resets[reset]
-            key = (max(s.counters.get(node, 0) for s in summaries),)
-            if bound is None or key < bound:
-                bound = key
-    for s in summaries:
-        key = s.heap.get(consumer.index)
-        if key is not None and (bound is None or key < bound):
-            bound = key
-    return bound
-
-
 class Shards:
     """One process's shards of the calls spread over the deployment, and the messages between
     them. `send(dst, envelope)` is the transport (each pair of processes in order)."""
@@ -393,6 +243,8 @@ class Shards:
         self.outbox: list[tuple[int, Envelope]] = []
         self.flushing = False
         self.closed: OrderedDict[int, None] = OrderedDict()
+        self.fetches: dict[int, asyncio.Future] = {}  # copies of session globals asked of the gateway
+        self.fetch_ids = itertools.count(1)
 
     def forget(self, call_id: int, peer: int) -> None:
         self.calls.pop(call_id, None)
@@ -438,9 +290,46 @@ class Shards:
                 return True
         return False
 
+    async def fetch(self, call_id: int, names: tuple[str, ...]) -> dict:
+        """A copy of the call's session's globals `names`, from the gateway, which keeps them."""
+        router = self.calls[call_id].router
+        number = next(self.fetch_ids)
+        waiter = self.fetches[number] = asyncio.get_running_loop().create_future()
+        router.send(router.gateway, GLOBALS_GET, (number, names), work=False)
+        try:
+            return await waiter
+        finally:
+            self.fetches.pop(number, None)
+
+    def commit(self, call_id: int, changes: dict | None) -> None:
+        """Send the gateway what an activation set, changed or deleted in its session's globals."""
+        call = self.calls.get(call_id)
+        if changes and call is not None:
+            call.router.send(call.router.gateway, GLOBALS_PUT, (changes,), work=False)
+
+    def _globals(self, call: Call | None, envelope: Envelope) -> None:
+        kind, body = envelope.kind, envelope.body
+        if kind == GLOBALS:
+            waiter = self.fetches.get(body[0])
+            if waiter is not None and not waiter.done():
+                waiter.set_result(body[1])
+            return
+        if call is None or self.me != self.placement.gateway:
+            return  # (a call the gateway ended: the activation asking is cancelled)
+        store = self.runtime.globals
+        if kind == GLOBALS_GET:
+            copy = {name: store[(call.session, name)] for name in body[1]}
+            back = Envelope(call.call_id, call.graph, call.session, self.me, GLOBALS, (body[0], copy), None)
+            self.send(envelope.sender, back)
+        else:
+            apply_globals_changes({name: store[(call.session, name)] for name in body[0]}, body[0])
+
     def receive(self, envelope: Envelope) -> None:
         kind = envelope.kind
         call = self.calls.get(envelope.call_id)
+        if kind >= GLOBALS_GET:
+            self._globals(call, envelope)
+            return
         if kind == CLOSE:
             self.calls.pop(envelope.call_id, None)
             self.forwards.pop(envelope.call_id, None)
@@ -529,8 +418,51 @@ class Shards:
 
     def statistics(self) -> dict[str, int]:
         """Shards and abort marks held now (0 once every call has closed), and what they hold."""
-        totals = {"shards": len(self.calls), "aborted_marks": len(self.aborted)}
+        totals = {"shards": len(self.calls), "aborted_marks": len(self.aborted), "fetches": len(self.fetches)}
         for call in self.calls.values():
             for key, value in call.statistics().items():
                 totals[key] = totals.get(key, 0) + value
         return totals
+
+
+class ShardBinding(RoleBinding):
+    """The binding of a role's one replica in a process hosting its part of calls: a role that
+    `uses` session globals gets a copy of the gateway's before it runs, and what it set, changed
+    or deleted goes back when it ends (as under --deploy local's gateway control)."""
+
+    def __init__(
+        self, spec: Any, instances: list, globals_: dict, log_: logging.Logger, memory: Any, prefer: tuple, shards: Shards
+    ):
+        super().__init__(spec, instances, globals_, log_, memory, prefer)
+        self.shards = shards
+
+    def begin(self, node: NodeProgram, session: str, call_id: Any, graph: str, inputs: dict) -> tuple:
+        if not self.uses:
+            return RoleBinding.begin(self, node, session, call_id, graph, inputs)
+        method = node.methods[0]
+        if method is None:
+            raise AttributeError(f"{type(self.instances[0]).__name__} has no method `{node.method}`")
+        run = self._stream if node.generator else self._once
+        self.load[0] += 1
+        return 0, run(method, node, session, call_id, graph, inputs), ()
+
+    async def _once(self, method: Any, node: NodeProgram, session: str, call_id: Any, graph: str, inputs: dict) -> Any:
+        uses = await self.shards.fetch(call_id, self.uses)
+        before = snapshot_globals(uses)
+        try:
+            return await method(
+                Context(session, call_id, graph, self.name, node.method, uses, self.log, 0, self.memory), **inputs
+            )
+        finally:
+            self.shards.commit(call_id, globals_changes(before, uses))
+
+    async def _stream(self, method: Any, node: NodeProgram, session: str, call_id: Any, graph: str, inputs: dict):
+        uses = await self.shards.fetch(call_id, self.uses)
+        before = snapshot_globals(uses)
+        try:
+            async for frame in method(
+                Context(session, call_id, graph, self.name, node.method, uses, self.log, 0, self.memory), **inputs
+            ):
+                yield frame
+        finally:
+            self.shards.commit(call_id, globals_changes(before, uses))

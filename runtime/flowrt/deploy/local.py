@@ -89,16 +89,16 @@ def exit_text(code: int | None) -> str:
 def shards_wanted(bundle: Bundle) -> bool:
     """Whether FLOWRT_CONTROL asks for calls spread over the replicas ("shards"; "" or "gateway":
     the gateway runs every call's control); DeployError for another value, or for a bundle
-    whose roles keep session globals, which live in the gateway for now."""
+    with an `lb broadcast` role (every replica runs each activation: not spread yet)."""
     mode = os.environ.get(CONTROL_ENV, "").strip()
     if mode in ("", "gateway"):
         return False
     if mode != "shards":
         raise DeployError(f"{CONTROL_ENV}={mode!r}: say `shards` (each replica runs its role's part of a call) or `gateway`")
-    users = sorted(name for name, spec in bundle.roles.items() if spec.uses)
-    if users:
+    broadcast = sorted(name for name, spec in bundle.roles.items() if spec.lb == "broadcast")
+    if broadcast:
         raise DeployError(
-            f"{CONTROL_ENV}=shards: role `{users[0]}` keeps session globals, which only the gateway's control holds "
+            f"{CONTROL_ENV}=shards: role `{broadcast[0]}` is `lb broadcast`, which only the gateway's control runs "
             f"for now; unset {CONTROL_ENV} to run {bundle.name}"
         )
     return True

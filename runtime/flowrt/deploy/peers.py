@@ -3,7 +3,8 @@
 only holders of the deployment's gateway or member key (flowrt.transport.keys), and dials a
 DEALER to each peer it sends to, so every pair of processes has one ordered channel. A
 message is a `messages.Shard` envelope, its body and credit pickled beside it; it is decoded
-only from an authenticated peer, and anything that is not a message of this protocol, names
+only from an authenticated peer (what one turn sends a peer goes as one ZMQ message, a
+`Batch` where there are several), and anything that is not a message of this protocol, names
 a sender outside the placement or carries a share that cannot be one is logged and dropped.
 
 `host_process` makes a replica process the host of its role's nodes (its own Runtime over the
@@ -14,18 +15,20 @@ replica in the supervisor's order.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
 import zmq
 
 from flowrt.control.credit import Credit
+from flowrt.control.envelopes import KINDS, Envelope, Placement
 from flowrt.control.runtime import Runtime
-from flowrt.control.shards import CLOSE, Envelope, Placement, Shards
+from flowrt.control.shards import ShardBinding, Shards
 from flowrt.transport import codec
 from flowrt.transport import messages as m
 from flowrt.transport.keys import Guard, Keys
-from flowrt.transport.sockets import Reader, bind
+from flowrt.transport.sockets import Reader, bind, unbatch
 
 log = logging.getLogger("flowrt.deploy")
 
@@ -51,6 +54,7 @@ class Peers:
         self.guard.watch(self.router, self.loop)
         self.reader = Reader(self.router, self._received, self.loop)
         self.dealers: dict[int, zmq.Socket] = {}
+        self.queued: dict[int, list[list]] = {}  # per peer, the messages this turn sent it (one Batch at its end)
         self.sent = self.received = self.garbage = 0
         self.what = what
 
@@ -58,39 +62,68 @@ class Peers:
         if dst == self.me:
             self.loop.call_soon(self.deliver, envelope)
             return
-        sock = self.dealers.get(dst)
-        if sock is None:
-            sock = self.dealers[dst] = self.context.socket(zmq.DEALER)
-            for option in (zmq.LINGER, zmq.SNDHWM):
-                sock.setsockopt(option, 0)
-            self.keys.dial(sock, self.as_, self.endpoints[dst])
-            sock.connect(self.endpoints[dst])
         credit = None if envelope.credit is None else envelope.credit.wire()
         header = m.Shard(m.VERSION, envelope.call_id, envelope.graph, envelope.session, envelope.sender, envelope.kind)
-        sock.send_multipart([m.encode(header), *codec.dumps((envelope.body, credit))], zmq.NOBLOCK, copy=False)
-        self.sent += 1
+        frames = [m.encode(header), *codec.dumps((envelope.body, credit))]
+        if not self.queued:
+            self.loop.call_soon(self.flush)
+        self.queued.setdefault(dst, []).append(frames)
+
+    def flush(self) -> None:
+        """Send what this turn queued: one ZMQ message per peer (a Batch where there are several)."""
+        queued, self.queued = self.queued, {}
+        for dst, messages in queued.items():
+            sock = self.dealers.get(dst)
+            if sock is None:
+                sock = self.dealers[dst] = self.context.socket(zmq.DEALER)
+                for option in (zmq.LINGER, zmq.SNDHWM):
+                    sock.setsockopt(option, 0)
+                self.keys.dial(sock, self.as_, self.endpoints[dst])
+                sock.connect(self.endpoints[dst])
+            if len(messages) == 1:
+                frames = messages[0]
+            else:
+                frames = [m.encode(m.Batch(m.VERSION, [len(message) for message in messages]))]
+                for message in messages:
+                    frames += message
+            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            self.sent += 1
 
     def _received(self, frames: list) -> None:
         if len(frames) < 3:
             self._garbage("a message without an envelope and a body")
             return
+        self.received += 1
+        self._message(frames[1:], False)
+
+    def _message(self, frames: list, nested: bool) -> None:
         try:
-            header = m.decode("peer", frames[1].buffer)
+            header = m.decode("peer", frames[0].buffer)
         except m.Garbage as error:
             self._garbage(str(error))
             return
-        if header.sender not in self.placement.processes or not 0 <= header.kind <= CLOSE:
+        if type(header) is m.Batch:
+            messages = None if nested else unbatch(header.sizes, frames[1:])
+            if messages is None:
+                self._garbage(f"a batch whose sizes {header.sizes} do not add up to its {len(frames) - 1} frames")
+                return
+            for message in messages:
+                self._message(message, True)
+            return
+        if len(frames) < 2:
+            self._garbage("a message without a body")
+            return
+        if header.sender not in self.placement.processes or not 0 <= header.kind < KINDS:
             self._garbage(f"a message from process {header.sender} of kind {header.kind}, which this deployment has not")
             return
         try:  # (the peer holds the deployment's key: its pickles are its own processes')
-            body, credit = codec.loads(frames[2:])
+            body, credit = codec.loads(frames[1:])
             if type(body) is not tuple:
                 raise TypeError(f"a body is a tuple, not {type(body).__name__}")
             share = None if credit is None else Credit.from_wire(*credit)
         except Exception as error:  # noqa: BLE001 - CreditError, TypeError, what a bad pickle raises
             self._garbage(f"a body that cannot be read ({type(error).__name__}: {error})")
             return
-        self.received += 1
         self.deliver(Envelope(header.call_id, header.graph, header.session, header.sender, header.kind, body, share))
 
     def _garbage(self, why: str) -> None:
@@ -114,9 +147,9 @@ def host_process(config: dict, bundle: Any, keys: Keys, role: str, instance: Any
     (the supervisor's `shards` entry of the replica's configuration)."""
     runtime = Runtime(bundle)
     runtime.memory = memory
-    runtime.host(role, instance, thread)
     placement = placement_of(config)
     peers = Peers(keys, "member", config["me"], endpoints_of(config), placement, what)
     shards = Shards(runtime, config["me"], placement, peers.send)
+    runtime.host(role, instance, thread, functools.partial(ShardBinding, shards=shards))
     peers.deliver = shards.receive
     return shards, peers

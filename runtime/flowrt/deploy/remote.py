@@ -35,6 +35,7 @@ import zmq
 
 from flowrt.control.contract import RemoteFailure
 from flowrt.control.roles import RoleBinding
+from flowrt.control.sessions import apply_globals_changes
 from flowrt.errors import FlowrtError
 from flowrt.logs import dropped
 from flowrt.options import wait_seconds
@@ -465,12 +466,7 @@ def _finish(pending: Pending) -> Any:
     assert outcome is not None
     changes = outcome[2] if outcome[0] == "return" else outcome[3] if outcome[0] == "failed" else None
     if changes and pending.uses is not None:
-        for name, (changed, deleted) in changes.items():
-            state = pending.uses.get(name)
-            if state is not None:
-                state.update(changed)
-                for key in deleted:
-                    state.pop(key, None)
+        apply_globals_changes(pending.uses, changes)
     if outcome[0] == "return":
         return outcome[1]
     if outcome[0] == "failed":

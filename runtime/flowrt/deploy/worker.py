@@ -29,7 +29,6 @@ import importlib.util
 import json
 import logging
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -46,6 +45,7 @@ from flowrt.control import impls
 from flowrt.control.contract import bad_input, checked_frame, failure, second_frame, waiting_place
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context
+from flowrt.control.sessions import globals_changes, snapshot_globals
 from flowrt.control.threads import ReplicaThread, streams
 from flowrt.deploy import kvpools
 from flowrt.errors import FlowrtError
@@ -391,7 +391,7 @@ class Replica:
         call = f"{self.gateway_pid}:{start.call_id}"  # the manager's key of the call (flowrt.memory.protocol)
         interface = self.interfaces.get((start.graph, start.interface))
         result: Any = None
-        before = _snapshot(uses)
+        before = snapshot_globals(uses)
         memory = None if self.memory is None else self.memory.for_call(call)
         if self.scoped:
             SCOPE.set(Scope(start.call_id, start.session, self.role_name, self.index))
@@ -424,13 +424,13 @@ class Replica:
                     self.credits[act] -= 1
                     self.send(peer, m.Frame(m.VERSION, act), frame, call=call)
                     sent += 1
-                changes = _changes(before, uses)
+                changes = globals_changes(before, uses)
                 self.send(peer, m.Return(m.VERSION, act, False, changes is not None), (None, changes))
             else:
                 frame = await result
                 if frame is not None and (type(frame) is not dict or not frame.keys() <= interface.out_fields):
                     frame = checked_frame(frame, interface.node_id, interface.out_fields)
-                changes = _changes(before, uses)
+                changes = globals_changes(before, uses)
                 self.send(peer, m.Return(m.VERSION, act, frame is not None, changes is not None), (frame, changes), call=call)
         except asyncio.CancelledError as error:
             if act in self.cancelled:
@@ -454,7 +454,7 @@ class Replica:
         else:
             message, where = failure(error, result, self.python_path)
         log.debug("replica %d of role `%s`: activation %d failed", self.index, self.role_name, act, exc_info=error)
-        changes = _changes(before, uses)
+        changes = globals_changes(before, uses)
         client = bad_input(error)
         try:
             self.send(peer, m.Failed(m.VERSION, act, message, where, False, changes is not None, client), (None, changes))
@@ -474,34 +474,6 @@ def _user(frame: Any) -> str:
 
 def _role_log(replica: Replica) -> logging.Logger:
     return logging.getLogger(f"flowrt.{replica.bundle.name}")
-
-
-def _snapshot(uses: dict | None) -> dict | None:
-    """Each global's entries as pickles, to find what an activation changed."""
-    if not uses:
-        return None
-    return {name: {key: _fingerprint(value) for key, value in state.items()} for name, state in uses.items()}
-
-
-def _changes(before: dict | None, uses: dict | None) -> dict | None:
-    """{global: (entries set or changed, keys deleted)} for the gateway to apply, or None."""
-    if before is None or uses is None:
-        return None
-    changes = {}
-    for name, state in uses.items():
-        old = before.get(name, {})
-        changed = {key: value for key, value in state.items() if old.get(key) != _fingerprint(value)}
-        deleted = [key for key in old if key not in state]
-        if changed or deleted:
-            changes[name] = (changed, deleted)
-    return changes or None
-
-
-def _fingerprint(value: Any) -> bytes:
-    try:
-        return pickle.dumps(value, protocol=5)
-    except Exception:  # noqa: BLE001 - unpicklable: always counts as changed (and fails to send, clearly)
-        return b""
 
 
 def _die_with_parent() -> None:

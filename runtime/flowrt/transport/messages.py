@@ -142,7 +142,7 @@ class Batch(Message, tag="batch"):
 GatewayMessage = Start | Credit | Cancel | Probe | Stop | Batch
 ReplicaMessage = Frame | Return | Failed | Cancelled | Stats | Batch
 RegistryMessage = Register | Heartbeat
-PeerMessage = Shard
+PeerMessage = Shard | Batch
 
 
 class Garbage(Exception):

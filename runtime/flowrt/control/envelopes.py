@@ -1,0 +1,35 @@
+"""The messages of a call spread over processes (flowrt.control.shards), as the control core
+sees them: what each asks (its kind), the envelope, and which process hosts what. The transport
+(flowrt.deploy.peers; the tests' fabric) carries them; this module imports nothing of flowrt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# signals, routed to the process hosting their consumer
+ARRIVE, END, UNREACHABLE, FIRE, JOIN_FRAME, CALLER_FRAME, ERRORED = range(7)
+# the call as a whole: the gateway's decisions at quiescence, credit coming back, aborts
+RESOLVE, RELEASE, RETURN, CREDIT, ABORT, CANCEL, CLOSE = range(7, 14)
+# the session's globals, which the gateway keeps: a copy asked for, sent, and what changed
+GLOBALS_GET, GLOBALS, GLOBALS_PUT = range(14, 17)
+KINDS = 17
+
+
+class Envelope:
+    """One message between shards: which call, from whom, what, and the credit it carries (None: it starts no work)."""
+
+    __slots__ = ("call_id", "graph", "session", "sender", "kind", "body", "credit")
+
+    def __init__(self, call_id: int, graph: str, session: str, sender: int, kind: int, body: tuple, credit: Any):
+        self.call_id, self.graph, self.session, self.sender = call_id, graph, session, sender
+        self.kind, self.body, self.credit = kind, body, credit
+
+
+class Placement:
+    """Which process hosts what: `gateway`, and each role's replicas' processes in replica order."""
+
+    def __init__(self, gateway: int, hosts: dict[str, tuple[int, ...]]):
+        self.gateway = gateway
+        self.hosts = hosts
+        self.processes = frozenset({gateway, *(p for ps in hosts.values() for p in ps)})
