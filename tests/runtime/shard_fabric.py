@@ -89,6 +89,8 @@ async def open_fabric(text: str, directory: Path, roles: dict[str, list[object]]
     for number, role, instance in layout:  # (as flowrt.deploy.peers.host_process makes a replica process's)
         runtime = Runtime(load_bundle(bundle))
         shards = fabric.hosts[number] = Shards(runtime, number, placement, fabric.sender(number))
-        runtime.host(role, instance, ReplicaThread(f"{role}/{number}"), functools.partial(ShardBinding, shards=shards))
+        replica = hosts[role].index(number)
+        binding = functools.partial(ShardBinding, shards=shards, replica=replica)
+        runtime.host(role, instance, ReplicaThread(f"{role}/{replica}"), binding)
         fabric.runtimes[number] = runtime
     return fabric

@@ -13,7 +13,11 @@ ARRIVE, END, UNREACHABLE, FIRE, JOIN_FRAME, CALLER_FRAME, ERRORED = range(7)
 RESOLVE, RELEASE, RETURN, CREDIT, ABORT, CANCEL, CLOSE = range(7, 14)
 # the session's globals, which the gateway keeps: a copy asked for, sent, and what changed
 GLOBALS_GET, GLOBALS, GLOBALS_PUT = range(14, 17)
-KINDS = 17
+# an `lb broadcast` activation's run on another replica (for its side effects), and its end
+EXTRA, EXTRA_DONE = range(17, 19)
+# a process went down: which calls sent it work, asked of every other process, and the answer
+TOUCHED_ASK, TOUCHED = range(19, 21)
+KINDS = 21
 
 
 class Envelope:

@@ -40,9 +40,12 @@ import itertools
 import logging
 import zlib
 from collections import OrderedDict
+from types import MappingProxyType
 from typing import Any
 
+from flowrt.control import bounds
 from flowrt.control.call import Call
+from flowrt.control.contract import RemoteFailure, failure
 from flowrt.control.credit import ONE, Holding
 from flowrt.control.envelopes import (
     ABORT,
@@ -53,6 +56,8 @@ from flowrt.control.envelopes import (
     CREDIT,
     END,
     ERRORED,
+    EXTRA,
+    EXTRA_DONE,
     FIRE,
     GLOBALS,
     GLOBALS_GET,
@@ -61,6 +66,8 @@ from flowrt.control.envelopes import (
     RELEASE,
     RESOLVE,
     RETURN,
+    TOUCHED,
+    TOUCHED_ASK,
     UNREACHABLE,
     Envelope,
     Placement,
@@ -73,6 +80,8 @@ from flowrt.control.signals import Reason
 
 log = logging.getLogger("flowrt")
 
+BROADCAST = -2  # as flowrt.control.roles.BROADCAST (a C constant in the compiled core)
+NO_GLOBALS: Any = MappingProxyType({})  # as flowrt.control.roles.NO_GLOBALS: `ctx.globals` of a role that uses none
 AID_STRIDE = 1 << 16  # a process's aids are its number plus multiples of this: unique across processes and calls
 CLOSED = 65_536  # calls a process remembers it closed (messages of a failed call may still come)
 FORWARDS = 4096  # calls whose forgotten shard's last peer a process remembers (credit that comes late follows it)
@@ -88,7 +97,7 @@ class ShardRouter:
     bounds the gateway told it."""
 
     __slots__ = ("shards", "me", "gateway", "call_id", "graph", "session", "pin", "holding", "depth", "bounds")
-    __slots__ += ("sent_errors", "aborting", "coordinator", "reported", "last_peer", "told_gateway")
+    __slots__ += ("sent_errors", "aborting", "coordinator", "reported", "last_peer", "told_gateway", "peers")
 
     def __init__(self, shards: Shards, call: Call):
         self.shards = shards
@@ -104,6 +113,7 @@ class ShardRouter:
         self.coordinator = Coordinator(self) if self.me == self.gateway else None
         self.reported = False  # a summary went to the gateway: later ones must too (it keeps the latest)
         self.last_peer = self.gateway  # where work last went from here
+        self.peers: set[int] = set()  # every process work went to from here (one that dies may have held credit)
         # it sent the gateway something that carries no credit (a caller's frame): its credit
         # must follow on the same channel, or the gateway could see the call complete first
         self.told_gateway = False
@@ -126,6 +136,7 @@ class ShardRouter:
             share = self.holding.give()
             if dst != self.me:
                 self.last_peer = dst
+                self.peers.add(dst)
         elif dst == self.gateway:
             self.told_gateway = True
         self.shards.send(dst, Envelope(self.call_id, self.graph, self.session, self.me, kind, body, share))
@@ -211,7 +222,7 @@ class ShardRouter:
         # nothing of the call is left here: forget it, and hand the credit on with the work
         # this turn sent (a chain of stages returns it once, from its end, not once per stage)
         shards = self.shards
-        shards.forget(self.call_id, self.last_peer)
+        shards.forget(self.call_id, self.last_peer, self.peers)
         if self.told_gateway:
             self.told_gateway = False
             shards.send(self.gateway, Envelope(self.call_id, self.graph, self.session, self.me, CREDIT, (0,), share))
@@ -239,16 +250,19 @@ class Shards:
         self.late = 0  # messages of calls that had ended or were aborted here (their credit went back)
         self.turns: dict[int, int] = {}
         self.aids = itertools.count(1)
-        self.forwards: OrderedDict[int, int] = OrderedDict()  # call -> where its forgotten shard's work went
+        # call -> where its forgotten shard's work last went, and every process it went to
+        self.forwards: OrderedDict[int, tuple[int, set[int]]] = OrderedDict()
+        self.asked: dict[int, tuple[set[int], set[int], asyncio.Future]] = {}  # TOUCHED_ASK: who is to answer, calls
         self.outbox: list[tuple[int, Envelope]] = []
         self.flushing = False
         self.closed: OrderedDict[int, None] = OrderedDict()
-        self.fetches: dict[int, asyncio.Future] = {}  # copies of session globals asked of the gateway
+        self.fetches: dict[int, asyncio.Future] = {}  # copies of session globals asked of the gateway; broadcasts' ends
+        self.extras: set[asyncio.Task] = set()  # broadcast activations run here for another replica
         self.fetch_ids = itertools.count(1)
 
-    def forget(self, call_id: int, peer: int) -> None:
+    def forget(self, call_id: int, peer: int, peers: set[int]) -> None:
         self.calls.pop(call_id, None)
-        self.forwards[call_id] = peer
+        self.forwards[call_id] = (peer, peers)
         self.forwards.move_to_end(call_id)
         if len(self.forwards) > FORWARDS:
             self.forwards.popitem(last=False)
@@ -307,9 +321,49 @@ class Shards:
         if changes and call is not None:
             call.router.send(call.router.gateway, GLOBALS_PUT, (changes,), work=False)
 
+    async def extra(self, call: Call, node: NodeProgram, dst: int, inputs: dict) -> None:
+        """Run an `lb broadcast` activation on process `dst` too, and wait for its end (its
+        frames are not used; a failure there fails the activation here)."""
+        number = next(self.fetch_ids)
+        waiter = self.fetches[number] = asyncio.get_running_loop().create_future()
+        call.router.send(dst, EXTRA, (number, node.index, inputs), work=False)
+        try:
+            failed = await waiter
+        finally:
+            self.fetches.pop(number, None)
+        if failed is not None:
+            raise RemoteFailure(*failed)
+
+    def _extra(self, envelope: Envelope) -> None:
+        number, index, inputs = envelope.body
+        node = self.runtime.programs[envelope.graph].nodes[index]
+        binding = node.binding
+        ctx = Context(
+            envelope.session, envelope.call_id, envelope.graph, binding.name, node.method, {}, binding.log, 0, binding.memory
+        )
+
+        async def run() -> None:
+            failed = None
+            try:
+                await bounds.drain(node.methods[0](ctx, **inputs))
+            except Exception as error:  # noqa: BLE001 - told to the replica that asked, as its own role's failure
+                failed = failure(error, None, self.runtime.bundle.python_path)
+            done = Envelope(envelope.call_id, envelope.graph, envelope.session, self.me, EXTRA_DONE, (number, failed), None)
+            self.send(envelope.sender, done)
+
+        task = asyncio.ensure_future(run())
+        self.extras.add(task)
+        task.add_done_callback(self.extras.discard)
+
     def _globals(self, call: Call | None, envelope: Envelope) -> None:
         kind, body = envelope.kind, envelope.body
-        if kind == GLOBALS:
+        if kind == EXTRA:
+            self._extra(envelope)
+            return
+        if kind >= TOUCHED_ASK:
+            self._touched(envelope)
+            return
+        if kind in (GLOBALS, EXTRA_DONE):
             waiter = self.fetches.get(body[0])
             if waiter is not None and not waiter.done():
                 waiter.set_result(body[1])
@@ -350,7 +404,8 @@ class Shards:
         if call is None and kind == CREDIT and self.me != self.placement.gateway:
             # credit for a shard forgotten here: on to where its work went (or to the gateway)
             hops = envelope.body[0] + 1
-            peer = self.forwards.get(envelope.call_id, self.placement.gateway) if hops < MAX_HOPS else self.placement.gateway
+            note = self.forwards.get(envelope.call_id)
+            peer = note[0] if note is not None and hops < MAX_HOPS else self.placement.gateway
             envelope.sender, envelope.body = self.me, (hops,)
             self.send(peer, envelope)
             return
@@ -407,18 +462,61 @@ class Shards:
         elif kind == CANCEL:
             call.cancel(body[0])
 
-    def lost(self, message: str, where: str) -> None:
-        """The gateway's: a process went down with whatever credit of its calls it held, so no
-        call in flight can be known complete: each ends now with an error saying so."""
-        for call in list(self.calls.values()):
-            coordinator = call.router.coordinator
-            if coordinator is not None and not call.ended:
-                call.fail(message, where)
-                coordinator.finish(call)
+    def touched(self, process: int) -> list[int]:
+        """The calls whose shards here (or forgotten ones' notes) sent work to `process`."""
+        calls = [call_id for call_id, call in self.calls.items() if process in call.router.peers]
+        return calls + [call_id for call_id, (_, peers) in self.forwards.items() if process in peers]
+
+    async def lost(self, process: int, role: str, message: str, wait: float = 1.0) -> None:
+        """The gateway's: `process` went down with whatever credit it held, so the calls that
+        sent it work can never be known complete: ask every other process which those are, and
+        end each with an error of `role` saying `message`. Should one not answer within `wait` seconds, every
+        call in flight ends so (none may hang)."""
+        others = set(self.placement.processes) - {self.me, process}
+        waiter = asyncio.get_running_loop().create_future()
+        token = next(self.fetch_ids)
+        self.asked[token] = (set(others), set(self.touched(process)), waiter)
+        for other in sorted(others):
+            self.send(other, Envelope(0, "", "", self.me, TOUCHED_ASK, (token, process), None))
+        if not others:
+            waiter.set_result(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), wait)
+            touched = self.asked[token][1]
+        except TimeoutError:
+            touched = set(self.calls)
+        finally:
+            self.asked.pop(token, None)
+        for call_id in sorted(touched):
+            call = self.calls.get(call_id)
+            if call is not None and call.router.coordinator is not None and not call.ended:
+                call.fail(message, "")
+                call.errors[-1]["role"] = role
+                call.router.coordinator.finish(call)
+
+    def _touched(self, envelope: Envelope) -> None:
+        if envelope.kind == TOUCHED_ASK:
+            token, process = envelope.body
+            answer = Envelope(0, "", "", self.me, TOUCHED, (token, self.touched(process)), None)
+            self.send(envelope.sender, answer)
+            return
+        token, calls = envelope.body
+        asked = self.asked.get(token)
+        if asked is not None and self.me == self.placement.gateway:
+            waiting, touched, waiter = asked
+            waiting.discard(envelope.sender)
+            touched.update(calls)
+            if not waiting and not waiter.done():
+                waiter.set_result(None)
 
     def statistics(self) -> dict[str, int]:
         """Shards and abort marks held now (0 once every call has closed), and what they hold."""
-        totals = {"shards": len(self.calls), "aborted_marks": len(self.aborted), "fetches": len(self.fetches)}
+        totals = {
+            "shards": len(self.calls),
+            "aborted_marks": len(self.aborted),
+            "fetches": len(self.fetches),
+            "broadcasts": len(self.extras),
+        }
         for call in self.calls.values():
             for key, value in call.statistics().items():
                 totals[key] = totals.get(key, 0) + value
@@ -426,33 +524,38 @@ class Shards:
 
 
 class ShardBinding(RoleBinding):
-    """The binding of a role's one replica in a process hosting its part of calls: a role that
-    `uses` session globals gets a copy of the gateway's before it runs, and what it set, changed
-    or deleted goes back when it ends (as under --deploy local's gateway control)."""
+    """The binding of a role's one replica in a process hosting its part of calls. A role that
+    `uses` session globals gets a copy of the gateway's before it runs, and what it set,
+    changed or deleted goes back when it ends (as under --deploy local's gateway control); an
+    `lb broadcast` activation runs on the role's other replicas too, and ends once they have."""
 
-    def __init__(
-        self, spec: Any, instances: list, globals_: dict, log_: logging.Logger, memory: Any, prefer: tuple, shards: Shards
-    ):
+    def __init__(self, spec: Any, instances: list, globals_: dict, log_: logging.Logger, memory: Any, prefer: tuple, **where):
         super().__init__(spec, instances, globals_, log_, memory, prefer)
-        self.shards = shards
+        self.shards: Shards = where["shards"]
+        self.index: int = where["replica"]  # its number among its role's replicas (`ctx.replica`)
 
     def begin(self, node: NodeProgram, session: str, call_id: Any, graph: str, inputs: dict) -> tuple:
-        if not self.uses:
-            return RoleBinding.begin(self, node, session, call_id, graph, inputs)
         method = node.methods[0]
         if method is None:
             raise AttributeError(f"{type(self.instances[0]).__name__} has no method `{node.method}`")
-        run = self._stream if node.generator else self._once
         self.load[0] += 1
-        return 0, run(method, node, session, call_id, graph, inputs), ()
+        if self.uses:
+            run = self._stream if node.generator else self._once
+            result = run(method, node, session, call_id, graph, inputs)
+        else:
+            result = method(self._context(node, session, call_id, graph, NO_GLOBALS), **inputs)
+        if not self.broadcast:
+            return 0, result, ()
+        shards = self.shards
+        call = shards.calls[call_id]
+        others = [p for p in shards.placement.hosts[self.name] if p != shards.me]
+        return BROADCAST, result, tuple(shards.extra(call, node, p, inputs) for p in others)
 
     async def _once(self, method: Any, node: NodeProgram, session: str, call_id: Any, graph: str, inputs: dict) -> Any:
         uses = await self.shards.fetch(call_id, self.uses)
         before = snapshot_globals(uses)
         try:
-            return await method(
-                Context(session, call_id, graph, self.name, node.method, uses, self.log, 0, self.memory), **inputs
-            )
+            return await method(self._context(node, session, call_id, graph, uses), **inputs)
         finally:
             self.shards.commit(call_id, globals_changes(before, uses))
 
@@ -460,9 +563,10 @@ class ShardBinding(RoleBinding):
         uses = await self.shards.fetch(call_id, self.uses)
         before = snapshot_globals(uses)
         try:
-            async for frame in method(
-                Context(session, call_id, graph, self.name, node.method, uses, self.log, 0, self.memory), **inputs
-            ):
+            async for frame in method(self._context(node, session, call_id, graph, uses), **inputs):
                 yield frame
         finally:
             self.shards.commit(call_id, globals_changes(before, uses))
+
+    def _context(self, node: NodeProgram, session: str, call_id: Any, graph: str, uses: Any) -> Context:
+        return Context(session, call_id, graph, self.name, node.method, uses, self.log, self.index, self.memory)

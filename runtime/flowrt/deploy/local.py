@@ -88,19 +88,12 @@ def exit_text(code: int | None) -> str:
 
 def shards_wanted(bundle: Bundle) -> bool:
     """Whether FLOWRT_CONTROL asks for calls spread over the replicas ("shards"; "" or "gateway":
-    the gateway runs every call's control); DeployError for another value, or for a bundle
-    with an `lb broadcast` role (every replica runs each activation: not spread yet)."""
+    the gateway runs every call's control); DeployError for another value."""
     mode = os.environ.get(CONTROL_ENV, "").strip()
     if mode in ("", "gateway"):
         return False
     if mode != "shards":
         raise DeployError(f"{CONTROL_ENV}={mode!r}: say `shards` (each replica runs its role's part of a call) or `gateway`")
-    broadcast = sorted(name for name, spec in bundle.roles.items() if spec.lb == "broadcast")
-    if broadcast:
-        raise DeployError(
-            f"{CONTROL_ENV}=shards: role `{broadcast[0]}` is `lb broadcast`, which only the gateway's control runs "
-            f"for now; unset {CONTROL_ENV} to run {bundle.name}"
-        )
     return True
 
 
@@ -162,6 +155,7 @@ class LocalSupervisor:
         self.sharded = shards_wanted(bundle)
         self.shards: Any = None  # the gateway's, and its sockets to the replicas (`open_shards`)
         self.peers: Any = None
+        self.losses: set[asyncio.Task] = set()  # the sharded calls a replica that went down took with it, being found
 
     # ── what the runtime asks of a binder ──
 
@@ -352,7 +346,8 @@ class LocalSupervisor:
         for number, (name, index) in enumerate(expected, 1):
             hosts.setdefault(name, []).append(number)
             endpoints[number] = self.endpoint(f"peers-{name}-{index}")
-        return {"me": 1 + expected.index((role, replica)) if role else 0, "endpoints": endpoints, "hosts": hosts}
+        me = 1 + expected.index((role, replica)) if role else 0
+        return {"me": me, "replica": replica, "endpoints": endpoints, "hosts": hosts}
 
     def open_shards(self, runtime: Any) -> None:
         """Make the gateway's runtime spread its calls over the replicas (FLOWRT_CONTROL=shards)."""
@@ -503,8 +498,11 @@ class LocalSupervisor:
         deployment's keys; even so, one naming another process never gets this one killed)."""
         self.remote.on_down(record, reason)
         if self.shards is not None and (record.role, record.replica) in self.processes:
-            where = f"replica {record.replica} of role `{record.role}`"
-            self.shards.lost(f"{where} went down while calls were spread over it ({reason})", where)
+            message = f"replica {record.replica} of role `{record.role}` went away: {reason}"  # (as flowrt.deploy.remote says it)
+            number = 1 + self.expected().index((record.role, record.replica))
+            lost = asyncio.ensure_future(self.shards.lost(number, record.role, message))
+            self.losses.add(lost)
+            lost.add_done_callback(self.losses.discard)
         process = self.processes.get((record.role, record.replica))
         if (
             process is not None

@@ -150,6 +150,6 @@ def host_process(config: dict, bundle: Any, keys: Keys, role: str, instance: Any
     placement = placement_of(config)
     peers = Peers(keys, "member", config["me"], endpoints_of(config), placement, what)
     shards = Shards(runtime, config["me"], placement, peers.send)
-    runtime.host(role, instance, thread, functools.partial(ShardBinding, shards=shards))
+    runtime.host(role, instance, thread, functools.partial(ShardBinding, shards=shards, replica=config["replica"]))
     peers.deliver = shards.receive
     return shards, peers
