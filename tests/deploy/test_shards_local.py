@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import signal
 
 import pytest
+import zmq
 
+from flowrt.deploy.local import DeployError
+from flowrt.transport import messages as m
+from tests.deploy import test_local
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, calls, deployed, wait_for
+from tests.deploy.test_attacks import intruder, offer
 from tests.runtime.harness import done, returned
 
 ROLES = """
@@ -94,5 +100,63 @@ def test_a_replica_killed_mid_call_ends_the_call_naming_it_and_the_next_call_run
             events = await calls(runtime, "g", {"request": 5})
             assert returned(events) == {"x3": 8}, events
             await assert_clean_everywhere(deployment)
+
+    asyncio.run(main())
+
+
+# what the gateway control's tests say of broadcast, session globals and examples holds here too
+
+
+def test_broadcast_reaches_every_replica_process(sharded, tmp_path):
+    test_local.test_broadcast_reaches_every_replica_process(tmp_path)
+
+
+def test_session_globals_carry_across_calls_and_processes(sharded, tmp_path):
+    test_local.test_session_globals_carry_across_calls_and_processes(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["image_chat", "voice_chat"])
+def test_an_example_prints_its_readme_events(sharded, name):
+    (path,) = [p for p in test_local.EXAMPLES if p.parent.name == name]
+    test_local.test_every_example_prints_the_same_events_under_local_as_its_readme(path)
+
+
+def test_a_peer_without_the_keys_is_refused_and_garbage_from_a_member_is_dropped(sharded, tmp_path):
+    bundle = bundle_with_roles(chain(2), ROLES, tmp_path)
+    context = zmq.Context()
+
+    async def main():
+        async with deployed(bundle) as deployment:
+            supervisor = deployment.supervisor
+            peers = supervisor.peers
+            endpoint = peers.endpoints[0]
+            stranger = intruder(context, endpoint)  # no key at all
+            offer(stranger, [b"", m.encode(m.Shard(m.VERSION, 1, "g", "s", 1, 3)), pickle.dumps(((), None))])
+            await wait_for(lambda: peers.guard.refused >= 1, 10, "the stranger refused")
+            member = intruder(context, endpoint, zmq.DEALER, plain=("member", supervisor.keys.member_token))
+            member.send_multipart([m.encode(m.Stop(m.VERSION)), b"x"])  # not a peer message
+            member.send_multipart([m.encode(m.Shard(m.VERSION, 1, "g", "s", 99, 3)), pickle.dumps(((), None))])  # no process 99
+            member.send_multipart([m.encode(m.Shard(m.VERSION, 1, "g", "s", 1, 3)), b"not a pickle"])
+            await wait_for(lambda: peers.garbage >= 3, 10, "the member's garbage dropped")
+            events = await calls(deployment.runtime, "g", {"request": 1})
+            assert returned(events) == {"x2": 3}
+            await assert_clean_everywhere(deployment)
+            for sock in (stranger, member):
+                sock.close(0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        context.destroy(linger=0)
+
+
+def test_an_unknown_control_is_refused_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLOWRT_CONTROL", "central")
+    bundle = bundle_with_roles(chain(1), ROLES, tmp_path)
+
+    async def main():
+        with pytest.raises(DeployError, match="FLOWRT_CONTROL='central': say `shards`"):
+            async with deployed(bundle):
+                pass
 
     asyncio.run(main())
