@@ -134,10 +134,20 @@ def test_serve_stress_admission_part_holds_and_refuses_as_the_limits_say():
     assert "| no limits | POST /graphs/cheap | {200: 10} | {200: 10} |" in result.stdout
 
 
-def test_gateway_messages_bench_counts_one_message_each_way_per_activation_today():
-    """The baseline issue 31 is to flatten: under `local` the gateway sends each activation and
-    receives its frame, so a chain of N stages costs it N messages each way per call."""
+def test_gateway_messages_bench_compares_both_controls():
+    """Under `local` the gateway's own control sends each activation and receives its frame (a
+    chain of N stages: N messages each way per call); spread over the replicas
+    (FLOWRT_CONTROL=shards) it sends the entry value and receives the result: one each way."""
     result = run("bench/gateway_messages.py", "--stages", "1,3", "--calls", "5")
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = {line.split()[0]: line.split()[1:3] for line in result.stdout.splitlines() if line.split()[:1] in (["1"], ["3"])}
-    assert rows == {"1": ["1.0", "1.0"], "3": ["3.0", "3.0"]}, result.stdout
+    rows = {
+        (line.split()[0], line.split()[1]): line.split()[2:4]
+        for line in result.stdout.splitlines()
+        if line.split()[:1] in (["gateway"], ["shards"])
+    }
+    assert rows == {
+        ("gateway", "1"): ["1.0", "1.0"],
+        ("gateway", "3"): ["3.0", "3.0"],
+        ("shards", "1"): ["1.0", "1.0"],
+        ("shards", "3"): ["1.0", "1.0"],
+    }, result.stdout

@@ -491,18 +491,23 @@ class LocalSupervisor:
         )
         self.progress("ready", record.role, record.replica)
 
-    def _down(self, record: Record, reason: str) -> None:
-        """The registry dropped a replica: its calls fail now; a process that lapsed is killed
-        (its watcher restarts it), but only the process that record is of: one this supervisor
-        started, whose PID the record carries (a record comes only from a holder of the
-        deployment's keys; even so, one naming another process never gets this one killed)."""
-        self.remote.on_down(record, reason)
+    def shards_lost(self, record: Record, reason: str) -> None:
+        """With the control spread over the replicas: end the calls that sent work to the replica
+        that went down (flowrt.control.shards.Shards.lost)."""
         if self.shards is not None and (record.role, record.replica) in self.processes:
             message = f"replica {record.replica} of role `{record.role}` went away: {reason}"  # (as flowrt.deploy.remote says it)
             number = 1 + self.expected().index((record.role, record.replica))
             lost = asyncio.ensure_future(self.shards.lost(number, record.role, message))
             self.losses.add(lost)
             lost.add_done_callback(self.losses.discard)
+
+    def _down(self, record: Record, reason: str) -> None:
+        """The registry dropped a replica: its calls fail now; a process that lapsed is killed
+        (its watcher restarts it), but only the process that record is of: one this supervisor
+        started, whose PID the record carries (a record comes only from a holder of the
+        deployment's keys; even so, one naming another process never gets this one killed)."""
+        self.remote.on_down(record, reason)
+        self.shards_lost(record, reason)
         process = self.processes.get((record.role, record.replica))
         if (
             process is not None

@@ -250,6 +250,11 @@ class RaySupervisor(LocalSupervisor):
     def __init__(self, bundle, registry: str | None, ttl: float, address: str | None, debug: bool = False, pool_mb=None):
         super().__init__(bundle, registry, ttl, debug, pool_mb=pool_mb)
         self.address = address
+        if self.sharded and address is not None:
+            raise DeployError(
+                "FLOWRT_CONTROL=shards runs on one machine for now (its replicas dial each other over ipc); "
+                "use --deploy ray without an address, or unset FLOWRT_CONTROL"
+            )
         self.gateway_node = ""  # the Ray node this process (the gateway) runs on
         self.managers: dict[str, RayMemory] = {}  # node id -> that node's memory manager actor
         self.created: dict[tuple[str, int], Any] = {}  # actors placed by _prepare, not serving yet
@@ -472,6 +477,7 @@ class RaySupervisor(LocalSupervisor):
 
     def _down(self, record, reason: str) -> None:
         self.remote.on_down(record, reason)
+        self.shards_lost(record, reason)
         actor = self.actors.get((record.role, record.replica))
         where = self.where.get((record.role, record.replica)) or {}
         if actor is not None and "lapsed" in reason and record.pid == where.get("pid"):  # (only the actor the record is of)
