@@ -109,6 +109,27 @@ def test_a_killed_actor_is_restarted_and_takes_traffic_again(cluster, tmp_path):
     asyncio.run(main())
 
 
+def test_with_the_control_spread_over_the_actors_frames_go_actor_to_actor(cluster, tmp_path, monkeypatch):
+    # FLOWRT_CONTROL=shards: llm's frame goes to dit's actor without the gateway; the gateway
+    # sends the entry values (to llm's and plain's actors) and receives image, note and credit
+    monkeypatch.setenv("FLOWRT_CONTROL", "shards")
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+
+    async def main():
+        async with deployed(bundle, "ray", heartbeat_ttl=1.0) as deployment:
+            supervisor = deployment.supervisor
+            peers = supervisor.peers
+            for n in range(4):
+                events = await calls(deployment.runtime, "g", {"request": n})
+                assert events[-1]["status"] == "ok" and {e["field"] for e in events[:-1]} == {"image", "note"}
+            remote = supervisor.remote.statistics()
+            assert remote["gateway_messages_sent"] == 0  # no activation went through the gateway
+            assert peers.sent == 4 * 2 and peers.received <= 4 * 2, (peers.sent, peers.received)
+            await assert_clean_everywhere(deployment)
+
+    asyncio.run(main())
+
+
 TENSORS = """
 placeholder request: Json
 
