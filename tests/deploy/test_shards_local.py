@@ -18,6 +18,7 @@ from tests.deploy import test_local
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, calls, deployed, wait_for
 from tests.deploy.test_attacks import intruder, offer
 from tests.runtime.harness import done, returned
+from tests.runtime.test_shards import chain as runtime_chain
 
 ROLES = """
 import asyncio
@@ -36,12 +37,7 @@ class Stage:
 
 
 def chain(stages: int) -> str:
-    lines = ["placeholder request: Json", ""]
-    for i in range(stages):
-        source = "request" if i == 0 else f"x{i}"
-        lines += [f"role s{i} {{", '    impl "roles:Stage"', f"    interface run {{ in {source}  out x{i + 1}: Json }}", "}", ""]
-    lines += ["graph g {", "    entry request", f"    return x{stages}", "}", ""]
-    return "\n".join(lines)
+    return runtime_chain(stages, "roles:Stage")
 
 
 @pytest.fixture

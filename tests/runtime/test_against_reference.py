@@ -195,15 +195,14 @@ def check(spec: Spec, seed: int, tmp_path, behaviour=None, deploy: str = "inproc
     expected = run_reference(plan, "g", {"request": REQUEST}, behaviour)
     assert expected.leftover_buckets == 0
 
+    def roles(rng: random.Random, log: list) -> dict[str, list]:
+        replicas = {f"r{i}": spec.replicas[i] for i in range(len(spec.outputs))} | ({"gather": 1} if spec.join else {})
+        return {role: [Role(f"{role}.run", behaviour, rng, log) for _ in range(n)] for role, n in replicas.items()}
+
     async def flowrt_run():
         rng = random.Random(seed)
         log: list = []
-        roles = {
-            f"r{i}": [Role(f"r{i}.run", behaviour, rng, log) for _ in range(spec.replicas[i])] for i in range(len(spec.outputs))
-        }
-        if spec.join:
-            roles["gather"] = Role("gather.run", behaviour, rng, log)
-        rt = await open_runtime(text, tmp_path, roles)
+        rt = await open_runtime(text, tmp_path, roles(rng, log))
         events = await asyncio.wait_for(collect(rt, "g", {"request": REQUEST}), 5)
         assert_clean(rt)
         return events, log
@@ -211,12 +210,7 @@ def check(spec: Spec, seed: int, tmp_path, behaviour=None, deploy: str = "inproc
     async def sharded_run():
         rng = random.Random(seed)
         log: list = []
-        roles = {
-            f"r{i}": [Role(f"r{i}.run", behaviour, rng, log) for _ in range(spec.replicas[i])] for i in range(len(spec.outputs))
-        }
-        if spec.join:
-            roles["gather"] = [Role("gather.run", behaviour, rng, log)]
-        fabric = await open_fabric(text, tmp_path, roles, rng)
+        fabric = await open_fabric(text, tmp_path, roles(rng, log), rng)
         try:
             events = await asyncio.wait_for(collect(fabric.runtimes[0], "g", {"request": REQUEST}), 5)
             await asyncio.wait_for(fabric.drained(), 5)

@@ -13,11 +13,12 @@ from tests.runtime.harness import collect, done, jitter, returned
 from tests.runtime.shard_fabric import open_fabric
 
 
-def chain(stages: int) -> str:
+def chain(stages: int, impl: str = "m:Stage") -> str:
+    """entry → s0 → s1 → ... → return: `stages` one-replica roles, all implemented by `impl`."""
     lines = ["placeholder request: Json", ""]
     for i in range(stages):
         source = "request" if i == 0 else f"x{i}"
-        lines += [f"role s{i} {{", '    impl "m:Stage"', f"    interface run {{ in {source}  out x{i + 1}: Json }}", "}", ""]
+        lines += [f"role s{i} {{", f'    impl "{impl}"', f"    interface run {{ in {source}  out x{i + 1}: Json }}", "}", ""]
     lines += ["graph g {", "    entry request", f"    return x{stages}", "}", ""]
     return "\n".join(lines)
 
