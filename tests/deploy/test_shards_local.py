@@ -127,11 +127,11 @@ def test_a_peer_without_the_keys_is_refused_and_garbage_from_a_member_is_dropped
             peers = supervisor.peers
             endpoint = peers.endpoints[0]
             stranger = intruder(context, endpoint)  # no key at all
-            offer(stranger, [b"", m.encode(m.Shard(m.VERSION, 1, "g", "s", 1, 3)), pickle.dumps(((), None))])
+            offer(stranger, [b"", m.encode(m.Shard(m.VERSION, 1, "g", "s", 1, 3)), pickle.dumps(())])
             await wait_for(lambda: peers.guard.refused >= 1, 10, "the stranger refused")
             member = intruder(context, endpoint, zmq.DEALER, plain=("member", supervisor.keys.member_token))
             member.send_multipart([m.encode(m.Stop(m.VERSION)), b"x"])  # not a peer message
-            member.send_multipart([m.encode(m.Shard(m.VERSION, 1, "g", "s", 99, 3)), pickle.dumps(((), None))])  # no process 99
+            member.send_multipart([m.encode(m.Shard(m.VERSION, 1, "g", "s", 99, 3)), pickle.dumps(())])  # no process 99
             member.send_multipart([m.encode(m.Shard(m.VERSION, 1, "g", "s", 1, 3)), b"not a pickle"])
             await wait_for(lambda: peers.garbage >= 3, 10, "the member's garbage dropped")
             events = await calls(deployment.runtime, "g", {"request": 1})
@@ -154,5 +154,44 @@ def test_an_unknown_control_is_refused_in_one_line(monkeypatch, tmp_path):
         with pytest.raises(DeployError, match="FLOWRT_CONTROL='central': say `shards`"):
             async with deployed(bundle):
                 pass
+
+    asyncio.run(main())
+
+
+STUBBORN = """
+import asyncio
+
+
+class Stage:
+    async def run(self, ctx, **inputs):
+        (name, value), = inputs.items()
+        number = int(name[1:]) if name.startswith("x") else 0
+        if value == "lambda" and number == 0:
+            return {"x1": lambda: 0}  # cannot cross processes
+        if value == "stubborn" and number == 1:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                await asyncio.sleep(30)  # ignores its cancellation
+        return {f"x{number + 1}": value}
+"""
+
+
+def test_a_frame_that_cannot_cross_processes_fails_its_role_and_a_stubborn_role_does_not_hold_the_call(sharded, tmp_path):
+    bundle = bundle_with_roles(chain(2), STUBBORN, tmp_path)
+
+    async def main():
+        async with deployed(bundle) as deployment:
+            runtime = deployment.runtime
+            events = await asyncio.wait_for(calls(runtime, "g", {"request": "lambda"}), 10)
+            end = done(events)
+            assert end["status"] == "error" and [e["role"] for e in end["errors"]] == ["s0"], end
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            events = await asyncio.wait_for(calls(runtime, "g", {"request": "stubborn"}, timeout=0.5), 10)
+            assert done(events)["status"] == "cancelled"
+            assert loop.time() - started < 0.5 + 1.0 + 1.0  # the timeout, the grace, and some slack
+            events = await calls(runtime, "g", {"request": "again"})
+            assert returned(events) == {"x2": "again"}
 
     asyncio.run(main())

@@ -17,6 +17,7 @@ from flowrt.control.envelopes import ABORT, CLOSE, RELEASE, RESOLVE
 from flowrt.control.program import ORDERED_STREAM, GraphProgram, NodeProgram
 
 log = logging.getLogger("flowrt")
+ABORT_GRACE = 1.0  # seconds a cancelled call waits for its work elsewhere (as flowrt.deploy.remote.ACK_WAIT)
 BLOCKED = "the call's control found nothing it may run, though work is held (a flowrt bug; the server's log has it)"
 
 
@@ -59,22 +60,32 @@ class Coordinator:
     """The gateway's side of one call spread over processes: the credit that came back, the
     latest summary of each shard, and the decisions taken when the whole call is quiet."""
 
-    __slots__ = ("router", "summaries", "aborted")
+    __slots__ = ("router", "summaries", "aborted", "grace")
 
     def __init__(self, router: Any):  # (flowrt.control.shards.ShardRouter)
         self.router = router
         self.summaries: dict[int, Summary] = {}
         self.aborted = False
+        self.grace: Any = None  # after an abort: the timer that ends the call if its work does not
 
     def returned(self, call: Call, sender: int, summary: Summary, errors: list) -> None:
         self.summaries[sender] = summary
         call.errors.extend(errors)
 
-    def abort(self) -> None:
+    def abort(self, call: Call) -> None:
+        """The call is cancelled: every process hears it; should its credit not all be back
+        within ABORT_GRACE seconds (a role that ignores its cancellation), the call ends anyway."""
         router = self.router
         self.aborted = True
         for process in sorted(router.shards.placement.processes - {router.me}):
             router.send(process, ABORT, (), work=False)
+        self.grace = call.loop.call_later(ABORT_GRACE, self._give_up, call)
+
+    def _give_up(self, call: Call) -> None:
+        self.grace = None
+        if not call.ended:
+            log.warning("call %s: cancelled, but its work elsewhere did not end within %gs; ending it", call.call_id, ABORT_GRACE)
+            self.finish(call)
 
     def quiet(self, call: Call) -> None:
         router = self.router
@@ -115,6 +126,9 @@ class Coordinator:
     def finish(self, call: Call) -> None:
         router = self.router
         shards = router.shards
+        if self.grace is not None:
+            self.grace.cancel()
+            self.grace = None
         call.finish_call()
         shards.calls.pop(router.call_id, None)
         targets = shards.placement.processes if self.aborted else self.summaries.keys()

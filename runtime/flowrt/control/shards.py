@@ -126,20 +126,23 @@ class ShardRouter:
             return hosts[0]
         if node.session:
             return hosts[self.pin % len(hosts)]
-        if identity is None:  # a one-slot group fires: in turn
+        if identity is None:  # a one-slot group fires: in turn (`lb broadcast`: replica 0 runs it, the others too)
+            if self.shards.runtime.roles[node.role].lb == "broadcast":
+                return hosts[0]
             return hosts[self.shards.turn(node.index) % len(hosts)]
         return hosts[_hash(repr((self.call_id, identity))) % len(hosts)]
 
     def send(self, dst: int, kind: int, body: tuple, work: bool = True) -> None:
-        share = None
+        envelope = Envelope(self.call_id, self.graph, self.session, self.me, kind, body, None)
+        self.shards.encode(dst, envelope)  # (a value that cannot cross processes raises here, before credit moves)
         if work:
-            share = self.holding.give()
+            envelope.credit = self.holding.give()
             if dst != self.me:
                 self.last_peer = dst
                 self.peers.add(dst)
         elif dst == self.gateway:
             self.told_gateway = True
-        self.shards.send(dst, Envelope(self.call_id, self.graph, self.session, self.me, kind, body, share))
+        self.shards.send(dst, envelope)
 
     # ── the hooks of the core (flowrt.control.delivery, .call): True when the signal went elsewhere ──
 
@@ -231,7 +234,7 @@ class ShardRouter:
 
     def cancelled(self, call: Call, reason: str) -> None:
         if self.coordinator is not None:
-            self.coordinator.abort()
+            self.coordinator.abort(call)
         elif not self.aborting:  # (a role's timeout here: the gateway cancels the whole call)
             self.send(self.gateway, CANCEL, (reason,), work=False)
 
@@ -240,11 +243,12 @@ class Shards:
     """One process's shards of the calls spread over the deployment, and the messages between
     them. `send(dst, envelope)` is the transport (each pair of processes in order)."""
 
-    def __init__(self, runtime: Any, me: int, placement: Placement, send: Any):
+    def __init__(self, runtime: Any, me: int, placement: Placement, send: Any, encode: Any = None):
         self.runtime = runtime
         self.me = me
         self.placement = placement
         self.transport = send
+        self.encoder = encode  # the transport's: encodes a message's body as it is sent (None: bodies stay objects)
         self.calls: dict[int, Call] = {}
         self.aborted: set[int] = set()  # calls the gateway aborted, until it closes them
         self.late = 0  # messages of calls that had ended or were aborted here (their credit went back)
@@ -283,6 +287,10 @@ class Shards:
             router.holding.take(ONE)
         self.calls[call.call_id] = call
 
+    def encode(self, dst: int, envelope: Envelope) -> None:
+        if self.encoder is not None and dst != self.me:
+            self.encoder(envelope)
+
     def send(self, dst: int, envelope: Envelope) -> None:
         """Queue `envelope` for `dst`: what one turn of the loop sends goes at its end, in order."""
         self.outbox.append((dst, envelope))
@@ -304,12 +312,17 @@ class Shards:
                 return True
         return False
 
-    async def fetch(self, call_id: int, names: tuple[str, ...]) -> dict:
-        """A copy of the call's session's globals `names`, from the gateway, which keeps them."""
-        router = self.calls[call_id].router
+    async def fetch(self, call_id: int, names: tuple[str, ...], where: Envelope | None = None) -> dict:
+        """A copy of the call's session's globals `names`, from the gateway, which keeps them
+        (for a broadcast's other replica, which holds no shard: `where` is what asked it)."""
         number = next(self.fetch_ids)
         waiter = self.fetches[number] = asyncio.get_running_loop().create_future()
-        router.send(router.gateway, GLOBALS_GET, (number, names), work=False)
+        if where is None:
+            router = self.calls[call_id].router
+            router.send(router.gateway, GLOBALS_GET, (number, names), work=False)
+        else:
+            ask = Envelope(call_id, where.graph, where.session, self.me, GLOBALS_GET, (number, names), None)
+            self.send(self.placement.gateway, ask)
         try:
             return await waiter
         finally:
@@ -338,13 +351,13 @@ class Shards:
         number, index, inputs = envelope.body
         node = self.runtime.programs[envelope.graph].nodes[index]
         binding = node.binding
-        ctx = Context(
-            envelope.session, envelope.call_id, envelope.graph, binding.name, node.method, {}, binding.log, 0, binding.memory
-        )
 
         async def run() -> None:
             failed = None
             try:
+                # (its own copy of the session's globals; what it changes there is not kept)
+                uses = await self.fetch(envelope.call_id, binding.uses, envelope) if binding.uses else NO_GLOBALS
+                ctx = binding.context(node, envelope.session, envelope.call_id, envelope.graph, uses)
                 await bounds.drain(node.methods[0](ctx, **inputs))
             except Exception as error:  # noqa: BLE001 - told to the replica that asked, as its own role's failure
                 failed = failure(error, None, self.runtime.bundle.python_path)
@@ -448,6 +461,9 @@ class Shards:
         elif kind == JOIN_FRAME:
             call.remote_join(program.nodes[body[0]], body[1], body[2])
         elif kind == CALLER_FRAME:
+            if call.cancelled:  # (a role that went on after its call was cancelled: nothing more reaches the caller)
+                self.late += 1
+                return
             call.remote_caller(program.edges[body[0]], body[1], body[2])
         elif kind == ERRORED:
             call.remote_unreachable(program.edges[body[0]], (), (), body[1], None)
@@ -543,7 +559,7 @@ class ShardBinding(RoleBinding):
             run = self._stream if node.generator else self._once
             result = run(method, node, session, call_id, graph, inputs)
         else:
-            result = method(self._context(node, session, call_id, graph, NO_GLOBALS), **inputs)
+            result = method(self.context(node, session, call_id, graph, NO_GLOBALS), **inputs)
         if not self.broadcast:
             return 0, result, ()
         shards = self.shards
@@ -555,7 +571,7 @@ class ShardBinding(RoleBinding):
         uses = await self.shards.fetch(call_id, self.uses)
         before = snapshot_globals(uses)
         try:
-            return await method(self._context(node, session, call_id, graph, uses), **inputs)
+            return await method(self.context(node, session, call_id, graph, uses), **inputs)
         finally:
             self.shards.commit(call_id, globals_changes(before, uses))
 
@@ -563,10 +579,10 @@ class ShardBinding(RoleBinding):
         uses = await self.shards.fetch(call_id, self.uses)
         before = snapshot_globals(uses)
         try:
-            async for frame in method(self._context(node, session, call_id, graph, uses), **inputs):
+            async for frame in method(self.context(node, session, call_id, graph, uses), **inputs):
                 yield frame
         finally:
             self.shards.commit(call_id, globals_changes(before, uses))
 
-    def _context(self, node: NodeProgram, session: str, call_id: Any, graph: str, uses: Any) -> Context:
+    def context(self, node: NodeProgram, session: str, call_id: Any, graph: str, uses: Any) -> Context:
         return Context(session, call_id, graph, self.name, node.method, uses, self.log, self.index, self.memory)

@@ -357,7 +357,7 @@ class LocalSupervisor:
         config = self.shard_config("", 0)
         placement = placement_of(config)
         self.peers = Peers(self.keys, "gateway", 0, endpoints_of(config), placement, "the gateway")
-        self.shards = runtime.shards = Shards(runtime, 0, placement, self.peers.send)
+        self.shards = runtime.shards = Shards(runtime, 0, placement, self.peers.send, self.peers.encode)
         self.peers.deliver = self.shards.receive
 
     async def _spawn(self, process: Process) -> None:

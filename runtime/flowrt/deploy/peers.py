@@ -21,10 +21,10 @@ from typing import Any
 
 import zmq
 
-from flowrt.control.credit import Credit
-from flowrt.control.envelopes import KINDS, Envelope, Placement
+from flowrt.control.credit import Credit, CreditError
+from flowrt.control.envelopes import CREDIT, KINDS, Envelope, Placement
 from flowrt.control.runtime import Runtime
-from flowrt.control.shards import ShardBinding, Shards
+from flowrt.control.shards import MAX_HOPS, ShardBinding, Shards
 from flowrt.transport import codec
 from flowrt.transport import messages as m
 from flowrt.transport.keys import Guard, Keys
@@ -63,11 +63,18 @@ class Peers:
             self.loop.call_soon(self.deliver, envelope)
             return
         credit = None if envelope.credit is None else envelope.credit.wire()
-        header = m.Shard(m.VERSION, envelope.call_id, envelope.graph, envelope.session, envelope.sender, envelope.kind)
-        frames = [m.encode(header), *codec.dumps((envelope.body, credit))]
+        header = m.Shard(m.VERSION, envelope.call_id, envelope.graph, envelope.session, envelope.sender, envelope.kind, credit)
+        if envelope.wire is None:
+            self.encode(envelope)
+        frames = [m.encode(header), *envelope.wire]
         if not self.queued:
             self.loop.call_soon(self.flush)
         self.queued.setdefault(dst, []).append(frames)
+
+    def encode(self, envelope: Envelope) -> None:
+        """Pickle the body now, in the sender's step: a value that cannot cross processes fails
+        the role that sent it (codec.Unpicklable, as under the gateway's control)."""
+        envelope.wire = codec.dumps(envelope.body)
 
     def flush(self) -> None:
         """Send what this turn queued: one ZMQ message per peer (a Batch where there are several)."""
@@ -116,15 +123,23 @@ class Peers:
         if header.sender not in self.placement.processes or not 0 <= header.kind < KINDS:
             self._garbage(f"a message from process {header.sender} of kind {header.kind}, which this deployment has not")
             return
+        try:
+            share = None if header.credit is None else Credit.from_wire(*header.credit)
+        except CreditError as error:
+            self._garbage(f"a share that cannot be one ({error})")
+            return
         try:  # (the peer holds the deployment's key: its pickles are its own processes')
-            body, credit = codec.loads(frames[1:])
+            body = codec.loads(frames[1:])
             if type(body) is not tuple:
                 raise TypeError(f"a body is a tuple, not {type(body).__name__}")
-            share = None if credit is None else Credit.from_wire(*credit)
-        except Exception as error:  # noqa: BLE001 - CreditError, TypeError, what a bad pickle raises
+        except Exception as error:  # noqa: BLE001 - TypeError, what a bad pickle raises
             self._garbage(f"a body that cannot be read ({type(error).__name__}: {error})")
-            return
-        self.deliver(Envelope(header.call_id, header.graph, header.session, header.sender, header.kind, body, share))
+            if share is None:
+                return
+            kind, body = CREDIT, (MAX_HOPS,)  # the frame is lost, not its credit: the call still ends
+        else:
+            kind = header.kind
+        self.deliver(Envelope(header.call_id, header.graph, header.session, header.sender, kind, body, share))
 
     def _garbage(self, why: str) -> None:
         self.garbage += 1
@@ -149,7 +164,7 @@ def host_process(config: dict, bundle: Any, keys: Keys, role: str, instance: Any
     runtime.memory = memory
     placement = placement_of(config)
     peers = Peers(keys, "member", config["me"], endpoints_of(config), placement, what)
-    shards = Shards(runtime, config["me"], placement, peers.send)
+    shards = Shards(runtime, config["me"], placement, peers.send, peers.encode)
     runtime.host(role, instance, thread, functools.partial(ShardBinding, shards=shards, replica=config["replica"]))
     peers.deliver = shards.receive
     return shards, peers

@@ -126,7 +126,8 @@ class Shard(Message, tag="shard"):
     graph: str
     session: str
     sender: int  # the sending process's number in the deployment's placement
-    kind: int  # what it asks (flowrt.control.shards: ARRIVE ... CLOSE)
+    kind: int  # what it asks (flowrt.control.envelopes)
+    credit: tuple[int | bytes, int] | None = None  # the share of the call's credit it carries (flowrt.control.credit)
 
 
 # ── either way ──
