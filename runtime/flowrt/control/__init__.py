@@ -1,8 +1,9 @@
 """flowrt's control flow: node tables executed by lookup, buckets, order, joins, completion.
 
 The public names are re-exported here; the modules own one piece each (program, signals,
-bucket, sequencer, roles, call, bounds, contract, impls, sessions, runtime). `COMPILED` says whether the core runs compiled
-or from its Python sources, and `CORE` says why (flowrt.control.native).
+bucket, sequencer, roles, call, bounds, contract, impls, sessions, runtime; and for a call
+spread over processes: credit, envelopes, quiescence, shards). `COMPILED` says whether the
+core runs compiled or from its Python sources, and `CORE` says why (flowrt.control.native).
 """
 
 from flowrt.control import native

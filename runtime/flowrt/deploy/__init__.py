@@ -1,6 +1,7 @@
 """flowrt.deploy: running a bundle as processes: the replica process (`worker`), the gateway's
-remote bindings (`remote`), the `local` supervisor, the `ray` launcher, serving (`serving`)
-and `python -m BUNDLE` (`entry`).
+remote bindings (`remote`), the sockets between processes for calls spread over them
+(`peers`), the `local` supervisor, the `ray` launcher, serving (`serving`) and
+`python -m BUNDLE` (`entry`).
 
 `open_deployment(path, deploy=...)` is the one entry point (`launch`): `inproc` opens the
 embedded runtime, `local` and `ray` start the replicas elsewhere and give the same `Runtime`
