@@ -302,7 +302,10 @@ class Shards:
         self.flushing = False
         outbox, self.outbox = self.outbox, []
         for dst, envelope in outbox:
-            self.transport(dst, envelope)
+            try:
+                self.transport(dst, envelope)
+            except Exception:  # noqa: BLE001 - one message that cannot go must not strand the others (its call's grace ends it)
+                log.exception("call %s: a message to process %d could not be sent", envelope.call_id, dst)
 
     def top_up(self, call_id: int, share: Any) -> bool:
         """Add `share` to the last message of the call this turn queued that carries credit, if any."""
