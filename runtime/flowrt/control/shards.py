@@ -304,7 +304,7 @@ class Shards:
         for dst, envelope in outbox:
             try:
                 self.transport(dst, envelope)
-            except Exception:  # noqa: BLE001 - one message that cannot go must not strand the others (its call's grace ends it)
+            except Exception:  # noqa: BLE001 - one message that cannot go must not strand the others (its credit is lost: that call ends by its timeout or an abort)
                 log.exception("call %s: a message to process %d could not be sent", envelope.call_id, dst)
 
     def top_up(self, call_id: int, share: Any) -> bool:
