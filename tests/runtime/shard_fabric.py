@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import sys
 from collections import deque
 from pathlib import Path
+
+import pytest
 
 from flowrt.bundle import load_bundle
 from flowrt.control import Runtime
@@ -18,6 +21,12 @@ from flowrt.control.envelopes import Placement
 from flowrt.control.shards import ShardBinding, Shards
 from flowrt.control.threads import ReplicaThread
 from tests.runtime.harness import bundle_of, jitter
+
+# (flowrt.control.call.EAGER_TASKS) a known bug: with eager task start (Python 3.12+) a session
+# node's shard can be left behind after its call; the preview refuses to run there (issue 31)
+EAGER = pytest.mark.skipif(
+    sys.version_info >= (3, 12), reason="the shards preview leaves a shard behind under eager tasks (issue 31)"
+)
 
 
 class Fabric:

@@ -10,7 +10,9 @@ import random
 import pytest
 
 from tests.runtime.harness import collect, done, jitter, returned
-from tests.runtime.shard_fabric import open_fabric
+from tests.runtime.shard_fabric import EAGER, open_fabric
+
+pytestmark = EAGER
 
 
 def chain(stages: int, impl: str = "m:Stage") -> str:
