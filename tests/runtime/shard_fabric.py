@@ -9,11 +9,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-import sys
 from collections import deque
 from pathlib import Path
-
-import pytest
 
 from flowrt.bundle import load_bundle
 from flowrt.control import Runtime
@@ -21,12 +18,6 @@ from flowrt.control.envelopes import Placement
 from flowrt.control.shards import ShardBinding, Shards
 from flowrt.control.threads import ReplicaThread
 from tests.runtime.harness import bundle_of, jitter
-
-# (flowrt.control.call.EAGER_TASKS) a known bug: with eager task start (Python 3.12+) a session
-# node's shard can be left behind after its call; the preview refuses to run there (issue 31)
-EAGER = pytest.mark.skipif(
-    sys.version_info >= (3, 12), reason="the shards preview leaves a shard behind under eager tasks (issue 31)"
-)
 
 
 class Fabric:
@@ -62,9 +53,13 @@ class Fabric:
             del self.pumps[channel]
 
     async def drained(self) -> None:
-        """Return once no message is on its way (the calls' CLOSE messages included)."""
-        while self.pumps:
-            await asyncio.gather(*self.pumps.values(), return_exceptions=True)
+        """Return once no message is on its way (the calls' CLOSE messages included), nor
+        waiting in a host's outbox for the end of its loop turn."""
+        while self.pumps or any(host.outbox for host in self.hosts.values()):
+            if self.pumps:
+                await asyncio.gather(*self.pumps.values(), return_exceptions=True)
+            else:
+                await asyncio.sleep(0)  # (an outbox is flushed by a callback of the next turn)
 
     def gateway_messages(self) -> tuple[int, int]:
         """(messages the gateway sent, messages it received), to other hosts."""

@@ -21,7 +21,7 @@ from flowc.plan import build_plan
 from flowrt.control.contract import MAX_REPORTED_ERRORS
 from tests.runtime.harness import assert_clean, collect, done, jitter, open_runtime
 from tests.runtime.reference import freeze, run_reference
-from tests.runtime.shard_fabric import EAGER, open_fabric
+from tests.runtime.shard_fabric import open_fabric
 
 REQUEST = ("request", 0, 0, 0)
 MAX_DEPTH = 6
@@ -366,27 +366,23 @@ def test_cases_the_search_found_match_the_reference(name, seed, tmp_path):
 # ── the same programs with every role's replicas in hosts of their own (flowrt.control.shards) ──
 
 
-@EAGER
 @pytest.mark.parametrize("seed", range(8))
 def test_sharded_a_stream_reordered_by_a_session_node_matches_the_reference(seed, tmp_path):
     check(SESSION_ORDERED, seed, tmp_path, session_chain, deploy="shards")
 
 
-@EAGER
 @SETTINGS
 @given(spec=specs(back_edges=False), seed=st.integers(0, 2**16))
 def test_sharded_random_dags_match_the_reference(spec, seed, tmp_path):
     check(spec, seed, tmp_path, deploy="shards")
 
 
-@EAGER
 @SETTINGS
 @given(spec=specs(back_edges=True), seed=st.integers(0, 2**16))
 def test_sharded_random_loops_match_the_reference(spec, seed, tmp_path):
     check(spec, seed, tmp_path, deploy="shards")
 
 
-@EAGER
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("name", sorted(FOUND))
 def test_sharded_cases_the_search_found_match_the_reference(name, seed, tmp_path):

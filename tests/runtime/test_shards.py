@@ -10,9 +10,7 @@ import random
 import pytest
 
 from tests.runtime.harness import collect, done, jitter, returned
-from tests.runtime.shard_fabric import EAGER, open_fabric
-
-pytestmark = EAGER
+from tests.runtime.shard_fabric import open_fabric
 
 
 def chain(stages: int, impl: str = "m:Stage") -> str:

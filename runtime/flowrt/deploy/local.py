@@ -94,10 +94,6 @@ def shards_wanted(bundle: Bundle) -> bool:
         return False
     if mode != "shards":
         raise DeployError(f"{CONTROL_ENV}={mode!r}: say `shards` (each replica runs its role's part of a call) or `gateway`")
-    if sys.version_info >= (3, 12):  # (eager task start: a session node's shard can outlive its call; issue 31)
-        raise DeployError(
-            f"{CONTROL_ENV}=shards runs on Python 3.11 for now; unset {CONTROL_ENV} on Python {sys.version_info.major}.{sys.version_info.minor}"
-        )
     return True
 
 
