@@ -114,6 +114,14 @@ CASES = [
         "placeholder stream: Json\n",
         "E001",
         "unexpected `stream`",
+        "`stream` is a reserved word; choose another name "
+        "(a placeholder whose values stream is declared `placeholder stream NAME: TYPE`)",
+    ),
+    (
+        "keyword as a streaming placeholder's name",
+        "placeholder stream stream: Json\n",
+        "E001",
+        "unexpected `stream`",
         "`stream` is a reserved word; choose another name",
     ),
     # characters

@@ -96,6 +96,29 @@ def test_names_may_contain_keywords():
     assert [d.name.text for d in module.decls] == ["instream", "roles"]
 
 
+def test_a_placeholder_may_stream():
+    text = "placeholder stream audio_in: Audio\nplaceholder streamer: [Text]\n"
+    streaming, plain = parse_ok(text).decls
+    assert (streaming.name.text, streaming.stream, ast.type_text(streaming.type)) == ("audio_in", True, "Audio")
+    assert (plain.name.text, plain.stream, ast.type_text(plain.type)) == ("streamer", False, "[Text]")
+    # the declaration's span runs from `placeholder` over `stream` to the type; the name's is the name
+    assert text[streaming.span.start : streaming.span.end] == "placeholder stream audio_in: Audio"
+    assert text[streaming.name.span.start : streaming.name.span.end] == "audio_in"
+    # `stream` is meaning, not layout: it takes part in equality
+    assert parse_ok("placeholder stream a: Audio\n") != parse_ok("placeholder a: Audio\n")
+    assert parse_ok("placeholder  stream\n  a :Audio\n") == parse_ok("placeholder stream a: Audio\n")
+
+
+def test_a_streaming_placeholder_needs_a_name():
+    result = parse("flow t\n\nplaceholder stream: Audio\n", "t.flow")
+    (diagnostic,) = result.diagnostics
+    # reported at `stream`, the word meant as the name, and saying how a streaming one is written
+    assert (diagnostic.code, diagnostic.span.line, diagnostic.span.column, diagnostic.span.end_column) == ("E001", 3, 13, 19)
+    assert "placeholder stream NAME: TYPE" in diagnostic.hint
+    (late,) = parse("placeholder stream x Audio\n", "t.flow").diagnostics
+    assert "expected `:`" in late.message
+
+
 def test_missing_brace_names_the_open_block():
     result = parse('role a {\n  impl "m:A"\n\ngraph g {\n  entry x\n  return y\n}\n', "t.flow")
     (diagnostic,) = result.diagnostics

@@ -6,7 +6,8 @@ runtime reads. A graph that declares no `serves` is served as a chat model when 
 (an OpenAI client could always drive such a graph), and by no other endpoint.
 
 Every endpoint fills one entry, `Text` (the prompt, the input text, the last user message) or
-`Json` (the whole request body). What each endpoint reads of the outputs (the first of the
+`Json` (the whole request body), with one value when the call starts: never a streaming entry
+(`placeholder stream`), whose frames come while the call runs. What each endpoint reads of the outputs (the first of the
 type, ordered streams before other streams before returns):
 
     chat        `text`: a Text output; `audio`: an Audio output, when the graph has one
@@ -67,6 +68,7 @@ class Problem:
     endpoint: str
     kind: str
     message: str
+    hint: str | None = None  # the fix, where it is not the kind's usual one
 
 
 def ranked_outputs(program: Program, graph: GraphInfo) -> list[tuple[str, str]]:
@@ -98,6 +100,13 @@ def _entry_problem(program: Program, graph: GraphInfo, endpoint: str) -> Problem
     if placeholder is None:  # E170 reports it: the check says nothing more
         return Problem(endpoint, "elsewhere", f"its entry `{entries[0]}` is not a placeholder")
     entry_type = str(program.type_of(placeholder.type))
+    if placeholder.stream:
+        return Problem(
+            endpoint,
+            "entry",
+            f"its entry `{entries[0]}` streams (`placeholder stream`), and the endpoint gives it one value when the call starts",
+            f"remove `stream` from `placeholder {entries[0]}` if one value is its whole input, or take `{endpoint}` out of `serves`",
+        )
     if entry_type not in ENTRY_TYPES:
         return Problem(endpoint, "entry", f"its entry `{entries[0]}` is `{entry_type}`, not `Text` or `Json`")
     return None

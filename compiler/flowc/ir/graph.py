@@ -1,6 +1,8 @@
 """The IR of one graph: interface nodes, field-level edges, liveness, and dominators.
 
 Node ids: `@GRAPH` is the call's start, `$NAME` a placeholder, `role.interface` an interface.
+A streaming placeholder (`placeholder stream NAME: T`) is a node that streams, exactly as an
+interface with `out stream`: its frames activate its consumers one by one.
 An edge carries one field from a producer into one OR group (`group`) of a consumer; a join is
 a single group 0. A node is *live* in a graph when it can ever fire there: an OR group is live
 when every field of it has a live producer (a join when every counted field does); liveness is a
@@ -158,7 +160,10 @@ def build_graph_ir(program: Program, graph: GraphInfo) -> GraphIR:
     start = f"@{graph.name}"
     nodes[start] = Node(start, "start", outputs=[e.text for e in graph.entries], span=graph.decl.name.span)
     for name, decl in program.placeholders.items():
-        nodes[f"${name}"] = Node(f"${name}", "placeholder", groups=[[name]], outputs=[name], span=decl.name.span)
+        # a streaming placeholder is a stream producer of its field: each frame activates its consumers
+        nodes[f"${name}"] = Node(
+            f"${name}", "placeholder", groups=[[name]], outputs=[name], stream=decl.stream, span=decl.name.span
+        )
     for info in program.interfaces():
         nodes[interface_id(info)] = _interface_node(program, info)
     edges = _edges(program, graph, nodes, start)

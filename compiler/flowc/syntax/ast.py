@@ -249,8 +249,12 @@ class TypeAlias(Node):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Placeholder(Node):
+    """`placeholder [stream] NAME: TYPE`: a value given at the call; with `stream`, frames of it
+    arrive while the call runs, ended by the end of the input."""
+
     name: Ident
     type: TypeExpr
+    stream: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

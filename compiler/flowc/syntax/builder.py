@@ -115,7 +115,7 @@ class AstBuilder(Transformer):
         return ast.TypeAlias(name=_ident(children[1]), type=children[3], span=_span(children))
 
     def placeholder_decl(self, children: list) -> ast.Placeholder:
-        return ast.Placeholder(name=_ident(children[1]), type=children[3], span=_span(children))
+        return ast.Placeholder(name=_names(children)[0], type=children[-1], stream=_has(children, "STREAM"), span=_span(children))
 
     def global_decl(self, children: list) -> ast.Global:
         blocks = _nodes(children, ast.BlockValue)

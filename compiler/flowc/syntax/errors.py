@@ -198,7 +198,32 @@ class SyntaxErrorTranslator:
             return self._unexpected(None, set(error.expected), file, text, masked)
         assert isinstance(error, UnexpectedToken)
         token = error.token if error.token.type != "$END" else None
+        if token is not None:
+            token = self._stream_as_name(token, set(error.expected), text, masked) or token
         return self._unexpected(token, set(error.expected), file, text, masked)
+
+    def _stream_as_name(self, token: Token, expected: set[str], text: str, masked: str) -> Token | None:
+        """`placeholder stream: T` stops the parser at `:` (a streaming placeholder without its
+        name), but `stream` was more likely meant as the name: the `stream` token, to report there."""
+        if expected != {"NAME"} or token.type == "NAME" or str(token) in self._keywords:
+            return None
+        keyword = self._token_before(masked, token.start_pos)
+        if keyword is None or keyword.type != "STREAM":
+            return None
+        declaration = self._token_before(masked, keyword.start_pos)
+        if declaration is None or str(declaration) != "placeholder":
+            return None
+        start, end = point("", text, keyword.start_pos), point("", text, keyword.start_pos + len(keyword))
+        return Token(
+            "STREAM",
+            str(keyword),
+            start_pos=keyword.start_pos,
+            line=start.line,
+            column=start.column,
+            end_line=end.line,
+            end_column=end.column,
+            end_pos=keyword.start_pos + len(keyword),
+        )
 
     def _bad_character(self, error: UnexpectedCharacters, file: str, text: str) -> Diagnostic:
         offset = error.pos_in_stream
@@ -302,6 +327,8 @@ class SyntaxErrorTranslator:
             return self._comma_hint(token, before, masked)
         # a keyword where a name was wanted: was it meant as a name, or does the text before lack one?
         meant_as_name = _next_char(masked, token.end_pos) in (":", "{", "=") or previous in _NAMING_KEYWORDS
+        if meant_as_name and previous == "placeholder" and word == "stream":
+            return "`stream` is a reserved word; choose another name (a placeholder whose values stream is declared `placeholder stream NAME: TYPE`)"
         if meant_as_name:
             return f"`{token}` is a reserved word; choose another name"
         if previous == ",":

@@ -91,7 +91,7 @@ class GraphOutputs(Check):
 @register
 class Endpoints(Check):
     codes = {
-        "E177": "graph `serves` an endpoint whose entry it does not take (one Text or Json value)",
+        "E177": "graph `serves` an endpoint whose entry it does not take (one Text or Json value, not a stream)",
         "E178": "graph `serves` an endpoint whose output it lacks",
     }
 
@@ -105,7 +105,8 @@ class Endpoints(Check):
                 place = next((v for v in values if getattr(v, "name", None) == problem.endpoint), setting.key)
                 path = endpoints.PATHS[problem.endpoint]
                 if problem.kind == "entry":
-                    code, hint = "E177", f"{path} fills one entry: give the graph one `entry`, a `Text` or `Json` placeholder"
+                    code = "E177"
+                    hint = problem.hint or f"{path} fills one entry: give the graph one `entry`, a `Text` or `Json` placeholder"
                 else:
                     need = next(n for n in endpoints.NEEDS[problem.endpoint] if not n.optional)
                     hint = f"stream or return a field declared {need.described}, or take `{problem.endpoint}` out of `serves`"
