@@ -90,6 +90,16 @@ def test_one_line_interface_rules():
     assert "        in  x\n        out stream y: Json\n" in fmt(streaming)
 
 
+def test_a_streaming_placeholder_keeps_stream_and_is_idempotent():
+    messy = "placeholder   stream\n   audio :[ Audio ]\nplaceholder stream mic: Audio  # the mic\nplaceholder p: Json\n"
+    once = fmt(messy)
+    assert once == "placeholder stream audio: [Audio]\nplaceholder stream mic: Audio  # the mic\nplaceholder p: Json\n"
+    assert fmt(once) == once
+    assert [d.stream for d in parse(once).module.decls] == [True, True, False]
+    fixture = (REPO / "tests/data/streaming/duplex.flow").read_text()
+    assert fmt(fixture) == fixture
+
+
 def test_blank_lines_collapse_to_one():
     text = "placeholder a: Json\n\n\n\nplaceholder b: Json\nplaceholder c: Json\n"
     assert fmt(text) == "placeholder a: Json\n\nplaceholder b: Json\nplaceholder c: Json\n"

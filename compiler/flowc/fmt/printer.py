@@ -142,7 +142,8 @@ class Printer:
             case ast.TypeAlias():
                 self._emit(0, f"type {decl.name.text} = {ast.type_text(decl.type)}", line)
             case ast.Placeholder():
-                self._emit(0, f"placeholder {decl.name.text}: {ast.type_text(decl.type)}", line)
+                stream = "stream " if decl.stream else ""
+                self._emit(0, f"placeholder {stream}{decl.name.text}: {ast.type_text(decl.type)}", line)
             case ast.Global():
                 head = f"global {decl.name.text}: {decl.kind.text}"
                 self._block(head, decl, decl.entries, 0, self._setting)
