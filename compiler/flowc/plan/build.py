@@ -121,6 +121,7 @@ def plan_graph(full: GraphIR) -> GraphPlan:
         name=ir.name,
         start=ir.start,
         entry=tuple(e.text for e in ir.info.entries),
+        entry_stream=tuple(e.text for e in ir.info.entries if _streams(ir, f"${e.text}")),
         timeout_s=ir.info.config.get("timeout"),
         nodes=nodes,
         outputs=outputs,
@@ -128,6 +129,11 @@ def plan_graph(full: GraphIR) -> GraphPlan:
         back_edges=_back_edges(ir),
         unreachable=tuple(sorted(n for n, node in ir.nodes.items() if node.kind == "interface" and n not in ir.live)),
     )
+
+
+def _streams(ir: GraphIR, node_id: str) -> bool:
+    node = ir.nodes.get(node_id)
+    return node is not None and node.stream
 
 
 def _groups(ir: GraphIR, node_id: str) -> list[GroupPlan]:

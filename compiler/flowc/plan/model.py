@@ -78,6 +78,7 @@ class GraphPlan:
     name: str
     start: str
     entry: tuple[str, ...]
+    entry_stream: tuple[str, ...]  # the entries declared `placeholder stream`, in `entry`'s order: frames over the call
     timeout_s: float | None
     nodes: dict[str, NodePlan]
     outputs: tuple[GraphOutput, ...]

@@ -36,6 +36,11 @@ def _marks(node: NodePlan) -> list[str]:
     return marks
 
 
+def _placeholder_label(node: NodePlan, newline: str) -> str:
+    """A placeholder's name; a streaming one says so (its frames come while the call runs)."""
+    return node.id[1:] + (f"{newline}stream" if node.stream else "")
+
+
 def _edges(graph: GraphPlan) -> list[tuple[str, str, str, bool]]:
     back = {(s, t) for s, t, _ in graph.back_edges}
     edges: dict[tuple[str, str], list[str]] = defaultdict(list)
@@ -60,7 +65,7 @@ def mermaid(graph: GraphPlan) -> str:
     lines.append(f'    {_safe(graph.start)}(["call {graph.name}"])')
     for node in graph.nodes.values():
         if node.kind == "placeholder":
-            lines.append(f'    {_safe(node.id)}[/"{node.id[1:]}"/]')
+            lines.append(f'    {_safe(node.id)}[/"{_placeholder_label(node, "<br/>")}"/]')
     lines.append(f"    {CALLER}((caller))")
     for role, nodes in _by_role(graph).items():
         lines.append(f'    subgraph role_{_safe(role)} ["{role}"]')
@@ -100,7 +105,8 @@ def dot(graph: GraphPlan) -> str:
     ]
     for node in graph.nodes.values():
         if node.kind == "placeholder":
-            lines.append(f'    {_safe(node.id)} [label="{node.id[1:]}", shape=parallelogram];')
+            label = _placeholder_label(node, "\\n")
+            lines.append(f'    {_safe(node.id)} [label="{label}", shape=parallelogram];')
     for role, nodes in _by_role(graph).items():
         lines.append(f"    subgraph cluster_{_safe(role)} {{")
         lines.append(f'        label="{role}"; style="dashed";')
