@@ -2,7 +2,8 @@
 
 A module under a bundle's `nodes/` holds its role's tables as plain literals (readable, diffable,
 no imports but this module) and calls `role_spec(...)`; the node controller then works from the
-`RoleSpec`. The literals have the shape of the static plan's JSON (docs/plan.schema.json), so a
+`RoleSpec`. graphs.py's graph literals are read as they are; `entry_stream` reads which of a
+graph's entries stream. The literals have the shape of the static plan's JSON (docs/plan.schema.json), so a
 table read here equals the plan entry it came from; `RoleSpec.as_literal()` gives it back.
 """
 
@@ -174,6 +175,26 @@ def node_tables(t: dict) -> NodeTables:
         in_cycle=t["in_cycle"],
         key_ties=tuple(t["key_ties"]),
     )
+
+
+def entry_stream(name: str, graph: dict) -> tuple[str, ...]:
+    """The entries of graph `name` that stream (`placeholder stream`), read from its plan entry
+    (graphs.py's `GRAPHS` literal, or plan.json): their values come as frames while the call
+    runs, and their placeholder nodes' tables say `stream`. A bundle from a flowc before
+    streaming entries records none. Raises `TableError` when the list is malformed."""
+    names = graph.get("entry_stream", [])
+    entry = graph.get("entry")
+    if (
+        not isinstance(names, list)
+        or not isinstance(entry, list)
+        or not all(isinstance(n, str) and n in entry for n in names)
+        or len(set(names)) != len(names)
+    ):
+        raise TableError(
+            f"graph `{name}`: `entry_stream` must list some of its entries ({entry!r}) once each, not {names!r}; "
+            "rebuild the bundle with `flowc build`"
+        )
+    return tuple(names)
 
 
 def _node_literal(n: NodeTables) -> dict[str, Any]:
