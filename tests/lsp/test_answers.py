@@ -55,3 +55,50 @@ def test_hover_on_a_setting_explains_it(program):
     text = IMAGE_CHAT.read_text(encoding="utf-8")
     replicas = at(found, text.index("replicas 2") + 1)
     assert answers.hover(program, replicas) == "`replicas`: number of replicas.\n\nTakes a whole number, 1 to 1024."
+
+
+DUPLEX = REPO / "tests" / "data" / "streaming" / "duplex.flow"
+
+
+@pytest.fixture(scope="module")
+def duplex():
+    result = check_file(DUPLEX)
+    assert result.ok
+    return result.program
+
+
+@pytest.mark.parametrize(
+    "place",
+    ["placeholder stream audio_in", "in  audio_in", "join { audio_in", "entry  audio_in"],
+    ids=["declared", "in", "join", "entry"],
+)
+def test_hover_says_a_placeholder_streams_wherever_it_appears(duplex, place):
+    text = DUPLEX.read_text(encoding="utf-8")
+    hit = at(occurrences(duplex.root.ast), text.index(place) + len(place) - 1)
+    assert hit is not None and (hit.kind, hit.name) == (Kind.FIELD, "audio_in")
+    hover = answers.hover(duplex, hit)
+    assert "A streaming placeholder: its values are given as frames while a graph call runs" in hover
+    assert "**Entry of** `talk`" in hover
+    voice = at(occurrences(duplex.root.ast), text.index("placeholder voice") + len("placeholder v"))
+    assert "A placeholder: its value is given when a graph is called." in answers.hover(duplex, voice)
+
+
+def test_hover_on_a_graph_names_its_streaming_entries(duplex):
+    text = DUPLEX.read_text(encoding="utf-8")
+    graph = at(occurrences(duplex.root.ast), text.index("graph talk") + len("graph t"))
+    hover = answers.hover(duplex, graph)
+    assert hover.startswith("```flow\ngraph talk { entry audio_in, voice ")
+    assert hover.endswith("**Streaming entry** `audio_in`: frames given while the call runs.")
+
+
+def test_completion_after_placeholder_offers_stream_then_a_new_name(duplex):
+    assert [(c.label, c.kind) for c in answers.completions(duplex, "placeholder ")] == [("stream", "keyword")]
+    assert [c.label for c in answers.completions(duplex, "placeholder str")] == ["stream"]
+    assert answers.completions(duplex, "placeholder stream ") == []  # a new name: nothing to offer
+    assert "Audio" in [c.label for c in answers.completions(duplex, "placeholder stream mic: ")]
+    assert "placeholder" in [c.label for c in answers.completions(duplex, "place")]
+
+
+def test_document_symbols_mark_a_streaming_placeholder(duplex):
+    details = {s.name: s.detail for s in answers.symbols(duplex.root.ast) if s.kind == "field"}
+    assert details == {"audio_in": "placeholder stream Audio", "voice": "placeholder Text"}

@@ -52,7 +52,13 @@ def _field_type(program: Program, name: str) -> str:
 def _field_hover(program: Program, name: str) -> str:
     info = program.field(name)
     lines = [_code(f"field {name}: {_field_type(program, name)}")]
-    if name in program.placeholders:
+    placeholder = program.placeholders.get(name)
+    if placeholder is not None and placeholder.stream:
+        lines.append(
+            "A streaming placeholder: its values are given as frames while a graph call runs; each frame "
+            "activates its consumers, and the end of the input ends its stream."
+        )
+    elif placeholder is not None:
         lines.append("A placeholder: its value is given when a graph is called.")
     if info.producers:
         lines.append(
@@ -138,7 +144,13 @@ def hover(program: Program, occurrence: Occurrence) -> str | None:
             parts += [f"stream {s.field.name.text}" + (" ordered" if s.ordered else "") for s in graph.streams]
             if graph.returns:
                 parts.append("return " + ", ".join(r.name.text for r in graph.returns))
-            return _code(f"graph {name} {{ " + "  ".join(parts) + " }")
+            text = _code(f"graph {name} {{ " + "  ".join(parts) + " }")
+            streaming = [e.text for e in graph.entries if (p := program.placeholders.get(e.text)) is not None and p.stream]
+            if streaming:
+                text += (
+                    "\n\n**Streaming entry** " + ", ".join(f"`{e}`" for e in streaming) + ": frames given while the call runs."
+                )
+            return text
         case Kind.KEY:
             return _key_hover(occurrence)
         case Kind.POLICY:
@@ -203,6 +215,7 @@ _AFTER_USES = re.compile(r"\buses\s+(\w+\s*,\s*)*\w*$")
 _AFTER_COLON = re.compile(r":\s*\[*\w*$")
 _FIELD_CONTEXT = re.compile(r"(\b(in|entry|stream|return|ordered)\b|[&|,{])[^:]*$")
 _LINE_START = re.compile(r"^\s*\w*$")
+_AFTER_PLACEHOLDER = re.compile(r"^\s*placeholder\s+(stream\s+)?\w*$")
 
 
 def completions(program: Program | None, before_cursor: str) -> list[Candidate]:
@@ -220,6 +233,8 @@ def completions(program: Program | None, before_cursor: str) -> list[Candidate]:
     if _AFTER_COLON.search(before_cursor) and "join" not in before_cursor:
         aliases = sorted(program.aliases) if program else []
         return [Candidate(t, "type", "builtin") for t in BUILTIN_TYPES] + [Candidate(a, "type", "alias") for a in aliases]
+    if match := _AFTER_PLACEHOLDER.search(before_cursor):  # a new name, or `stream` before it
+        return [] if match.group(1) else [Candidate("stream", "keyword", "its values come as frames while the call runs")]
     fields = (
         [Candidate(f, "field", _field_type(program, f)) for f in sorted(set(program.fields) | set(program.placeholders))]
         if program
@@ -258,9 +273,8 @@ def symbols(module: ast.Module) -> list[Symbol]:
             case ast.TypeAlias():
                 found.append(Symbol(decl.name.text, "type", decl.span, decl.name.span, ast.type_text(decl.type)))
             case ast.Placeholder():
-                found.append(
-                    Symbol(decl.name.text, "field", decl.span, decl.name.span, "placeholder " + ast.type_text(decl.type))
-                )
+                detail = ("placeholder stream " if decl.stream else "placeholder ") + ast.type_text(decl.type)
+                found.append(Symbol(decl.name.text, "field", decl.span, decl.name.span, detail))
             case ast.Global():
                 found.append(Symbol(decl.name.text, "global", decl.span, decl.name.span, decl.kind.text))
             case ast.Role():
