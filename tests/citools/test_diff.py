@@ -99,6 +99,12 @@ PAIRS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
         edit(("placeholder request: Json", "type Request = [Json]\n\nplaceholder request: Request")),
         [(BREAKING, "entry.type-changed")],
     ),
+    "entry made streaming": (BASE, edit(("placeholder request", "placeholder stream request")), [(BREAKING, "entry.stream")]),
+    "entry no longer streaming": (
+        edit(("placeholder request", "placeholder stream request")),
+        BASE,
+        [(BREAKING, "entry.stream")],
+    ),
     "an alias renamed: nothing callers see": (BASE, edit(*[("Picture", "Img")] * 2), []),
     "stream added": (edit(("    stream note\n", "")), BASE, [(COMPATIBLE, "output.added")]),
     "stream removed": (BASE, edit(("    stream note\n", "")), [(BREAKING, "output.removed")]),

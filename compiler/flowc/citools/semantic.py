@@ -10,6 +10,7 @@ compatible") in code:
     graph timeout lowered or added / raised or removed    breaking / compatible
     entry placeholder added / removed              breaking (calls without it, or with it, are refused)
     entry type widened (to Json or Any) / changed  compatible / breaking
+    entry made streaming / no longer streaming     breaking (its value is given at the call, or sent in frames)
     streamed or returned field added / removed     compatible / breaking
     field moved between stream and return          breaking
     stream made unordered / made ordered           breaking / compatible
@@ -128,6 +129,12 @@ def _graph(subject: str, old: GraphSurface, new: GraphSurface) -> list[Change]:
             else:
                 detail = f"entry `{name}` changed {before} → {after}: calls that send a {before} may be refused"
                 changes.append(Change(BREAKING, "entry.type-changed", subject, detail, place))
+        if name in old.entry and name in new.entry and old.entry_stream[name].value != new.entry_stream[name].value:
+            if new.entry_stream[name].value:
+                detail = f"entry `{name}` now streams: its frames are sent while the call runs, not given when it starts"
+            else:
+                detail = f"entry `{name}` no longer streams: its value is given when the call starts, not sent in frames"
+            changes.append(Change(BREAKING, "entry.stream", subject, detail, new.entry_stream[name].place))
     for name in sorted(old.outputs.keys() | new.outputs.keys()):
         changes += _output(subject, name, old.outputs.get(name), new.outputs.get(name))
     changes += _timeout(subject, "graph.timeout", "timeout", old.timeout, new.timeout, "calls")

@@ -4,7 +4,7 @@ Read from the compiler's own model (`flowc.check`) and static plan, so imports a
 aliases resolved and defaults filled in (a role without `replicas` has 1), and layout,
 comments and declaration order do not count:
 
-- per graph: its entry placeholders and their types, its streamed and returned fields (their
+- per graph: its entry placeholders, their types and whether they stream, its streamed and returned fields (their
   kind, `ordered`, type) and its timeout: what a caller sends and gets back;
 - per role: impl, replicas, lb, gpus, nodes, `share gpus with`, uses, batch; per interface:
   its inputs, outputs, whether it streams, its timeout and batch (a role's own timeout and
@@ -48,6 +48,7 @@ class GraphSurface:
     place: Span
     entry: dict[str, Fact]  # placeholder -> its place in `entry`; value: the declared type, aliases resolved
     entry_types: dict[str, Fact]  # placeholder -> type, placed at the placeholder's declaration
+    entry_stream: dict[str, Fact]  # placeholder -> whether it streams (`placeholder stream`), placed there too
     outputs: dict[str, Output]
     timeout: Fact
 
@@ -100,13 +101,14 @@ def _graph(program: Program, graph: GraphInfo, outputs) -> GraphSurface:
     types = entry_types(program, [e.text for e in graph.entries])
     entry = {e.text: Fact(types[e.text], e.span) for e in graph.entries}
     declared = {e.text: Fact(types[e.text], program.placeholders[e.text].span) for e in graph.entries}
+    streaming = {e.text: Fact(program.placeholders[e.text].stream, program.placeholders[e.text].span) for e in graph.entries}
     fields = {c.field.name.text: c.field for c in graph.streams} | {f.name.text: f for f in graph.returns}
     result = {}
     for output in outputs:
         decl = fields[output.field]
         result[output.field] = Output(output.kind, output.ordered, _output_type(program, decl), decl.span)
     timeout = _setting(graph.settings, "timeout", graph.decl.name.span)
-    return GraphSurface(graph.decl.name.span, entry, declared, result, Fact(graph.config.get("timeout"), timeout))
+    return GraphSurface(graph.decl.name.span, entry, declared, streaming, result, Fact(graph.config.get("timeout"), timeout))
 
 
 def _output_type(program: Program, decl: ast.GraphField) -> Fact:
