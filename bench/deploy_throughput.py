@@ -4,17 +4,20 @@ its roles run in other processes, beside the embedded runtime and Ray doing the 
 In ONE run, for 1 and 64 concurrent clients, interleaved rounds (one batch of every system back
 to back, order reversed every other round; ratios per round, then the median):
 - inproc: flowrt's embedded runtime (every role in this process);
-- local: `--deploy local`, one process per replica, the gateway here;
+- local: `--deploy local`, one process per replica, the gateway here running every call's control;
+- local shards: the same with `FLOWRT_CONTROL=shards` (each replica runs its role's part of
+  every call, frames go replica to replica; docs/design/decentralised.md);
 - ray actors: one Ray actor per replica; a driver coroutine runs the graph with remote calls
   (the LLM streams its tokens as a Ray streaming generator);
 - ray compiled: the same actors in a Ray compiled graph (static: the frontend's segments as
   one list, the LLM's tokens as one list), if it compiles here.
-Prints requests/s and p50/p99 per system and client count, and local/ray ratios.
+Prints requests/s and p50/p99 per system and client count, and the ratios of both `local`
+controls to the others.
 
     python bench/deploy_throughput.py [--requests 400] [--rounds 4] [--no-ray]
 
 `--scale` instead measures calls/s of a one-stage graph as its replicas grow (1, 2, 4, 8, 16)
-under `local`, 64 clients, each replica running one 5 ms step at a time (as a model on its
+under `local` (`--control shards` for the decentralised control), 64 clients, each replica running one 5 ms step at a time (as a model on its
 device would: 200 calls/s per replica at most), and the
 registry's cost per heartbeat (embedded: decode + directory update; Redis: one SET).
 """
@@ -60,6 +63,25 @@ def build(directory: Path) -> Path:
     out = directory / "bundle"
     build_bundle(check_file(source).program, source, out).write(out)
     return out
+
+
+FLOWRT = ("inproc", "local", "local shards")
+
+
+async def open_local(bundle: Path, control: str):
+    """A `--deploy local` deployment of `bundle` with FLOWRT_CONTROL=`control` (read as it opens)."""
+    from flowrt.deploy import open_deployment
+    from flowrt.deploy.local import CONTROL_ENV
+
+    before = os.environ.get(CONTROL_ENV)
+    os.environ[CONTROL_ENV] = control
+    try:
+        return await open_deployment(bundle, "local")
+    finally:
+        if before is None:
+            del os.environ[CONTROL_ENV]
+        else:
+            os.environ[CONTROL_ENV] = before
 
 
 def flowrt_system(runtime):
@@ -175,7 +197,12 @@ async def throughput(args) -> None:
         sys.path.insert(0, scratch)
         inproc = await open_deployment(bundle, "inproc")
         local = await open_deployment(bundle, "local")
-        systems = {"inproc": flowrt_system(inproc.runtime), "local": flowrt_system(local.runtime)}
+        sharded = await open_local(bundle, "shards")
+        systems = {
+            "inproc": flowrt_system(inproc.runtime),
+            "local": flowrt_system(local.runtime),
+            "local shards": flowrt_system(sharded.runtime),
+        }
         if not args.no_ray:
             import ray
 
@@ -197,7 +224,7 @@ async def throughput(args) -> None:
                 for round_ in range(args.rounds):
                     names = list(systems) if round_ % 2 == 0 else list(reversed(systems))
                     for name in names:
-                        size = args.requests if name in ("inproc", "local") else max(args.requests // 4, clients)
+                        size = args.requests if name in FLOWRT else max(args.requests // 4, clients)
                         rps[name].append(await batch(systems[name], size, clients, lat[name]))
                 for name in systems:
                     ordered = sorted(lat[name])
@@ -206,14 +233,16 @@ async def throughput(args) -> None:
                         f"| {ordered[int(0.99 * (len(ordered) - 1))] * 1e3:.2f} ms |"
                     )
                 ratios_by_clients[clients] = {
-                    other: statistics.median(a / b for a, b in zip(rps["local"], rps[other], strict=True))
+                    (mine, other): statistics.median(a / b for a, b in zip(rps[mine], rps[other], strict=True))
+                    for mine in ("local", "local shards")
                     for other in systems
-                    if other != "local"
+                    if other != mine
                 }
             print()
             for clients, ratios in ratios_by_clients.items():
-                print(f"clients {clients}: " + ", ".join(f"local/{name} = {r:.2f}x" for name, r in ratios.items()))
+                print(f"clients {clients}: " + ", ".join(f"{mine}/{other} = {r:.2f}x" for (mine, other), r in ratios.items()))
         finally:
+            await sharded.close()
             await local.close()
             await inproc.close()
             if not args.no_ray:
@@ -254,7 +283,6 @@ class Stage:
 async def scale(args) -> None:
     from flowc.check import check_file
     from flowc.codegen import build_bundle
-    from flowrt.deploy import open_deployment
 
     print("| replicas | calls/s (local, 64 clients, one 5 ms step at a time per replica) | of the ideal (200/s per replica) |")
     print("|---:|---:|---:|")
@@ -265,7 +293,7 @@ async def scale(args) -> None:
             source.write_text(SCALE_FLOW.replace("N", str(replicas)))
             out = Path(scratch) / f"bundle{replicas}"
             build_bundle(check_file(source).program, source, out).write(out)
-            deployment = await open_deployment(out, "local")
+            deployment = await open_local(out, args.control)
             try:
 
                 async def one(session: str, runtime=deployment.runtime) -> int:
@@ -323,5 +351,6 @@ if __name__ == "__main__":
     parser.add_argument("--no-ray", action="store_true")
     parser.add_argument("--scale", action="store_true")
     parser.add_argument("--max-replicas", type=int, default=16, help="--scale: stop at this many replicas")
+    parser.add_argument("--control", choices=("gateway", "shards"), default="gateway", help="--scale: whose control")
     args = parser.parse_args()
     asyncio.run(scale(args) if args.scale else throughput(args))

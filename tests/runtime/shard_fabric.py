@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import pickle
 import random
 from collections import deque
 from pathlib import Path
@@ -15,7 +16,8 @@ from pathlib import Path
 from flowrt.bundle import load_bundle
 from flowrt.control import Runtime
 from flowrt.control.envelopes import Placement
-from flowrt.control.shards import ShardBinding, Shards
+from flowrt.control.shard_binding import ShardBinding
+from flowrt.control.shards import Shards
 from flowrt.control.threads import ReplicaThread
 from tests.runtime.harness import bundle_of, jitter
 
@@ -29,11 +31,15 @@ class Fabric:
         self.pumps: dict[tuple[int, int], asyncio.Task] = {}
         self.failures: list[BaseException] = []
         self.messages: dict[tuple[int, int], int] = {}
+        self.kinds: dict[int, int] = {}  # messages by kind (flowrt.control.envelopes)
 
     def sender(self, src: int):
         def send(dst: int, envelope) -> None:
             channel = (src, dst)
             self.messages[channel] = self.messages.get(channel, 0) + 1
+            self.kinds[envelope.kind] = self.kinds.get(envelope.kind, 0) + 1
+            if src != dst:  # (as the real transport, flowrt.deploy.peers: the receiver gets its own copy)
+                envelope.body = pickle.loads(pickle.dumps(envelope.body))
             self.channels.setdefault(channel, deque()).append(envelope)
             if channel not in self.pumps:
                 self.pumps[channel] = asyncio.ensure_future(self._pump(channel))

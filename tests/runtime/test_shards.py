@@ -244,3 +244,82 @@ def test_session_globals_on_other_hosts_carry_over_from_call_to_call(tmp_path):
             await fabric.close()
 
     asyncio.run(main())
+
+
+ORDERED_NOTES = """
+placeholder request: Json
+
+global chat: History {
+    max_turns 20
+}
+
+role split {
+    impl "m:Split"
+    interface run { in request  out stream part: Json }
+}
+
+role keeper {
+    impl "m:Keeper"
+    lb session
+    uses chat
+    interface run { in part  out noted: Json }
+}
+
+role tally {
+    impl "m:Tally"
+    uses chat
+    interface run {
+        join { noted: all }
+        out total: Json
+    }
+}
+
+graph g {
+    entry request
+    return total
+}
+"""
+
+
+class Split:
+    async def run(self, ctx, request):
+        for part in range(request["parts"]):
+            yield {"part": part}
+
+
+class Keeper:
+    async def run(self, ctx, part):
+        ctx.globals["chat"].setdefault("parts", []).append(part)
+        return {"noted": len(ctx.globals["chat"]["parts"])}
+
+
+class Tally:
+    async def run(self, ctx, noted):
+        ctx.globals["chat"]["tallies"] = ctx.globals["chat"].get("tallies", 0) + 1
+        return {"total": (sorted(noted), list(ctx.globals["chat"]["parts"]))}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_work_the_gateway_lets_run_gets_the_session_globals_with_the_decision(seed, tmp_path):
+    # an ordered session node's inputs wait for the gateway's RELEASE, a count join's activation
+    # for its RESOLVE: both carry a copy of the session's globals, so the first activation each
+    # lets run need not ask for it; what one activation changes, the next one still sees
+    from flowrt.control.envelopes import GLOBALS_GET
+
+    async def main():
+        roles = {"split": [Split()], "keeper": [Keeper()], "tally": [Tally()]}
+        fabric = await open_fabric(ORDERED_NOTES, tmp_path, roles, random.Random(seed))
+        gateway = fabric.runtimes[0]
+        try:
+            for call in range(2):
+                events = await collect(gateway, "g", {"request": {"parts": 3}}, session="s")
+                await settled(fabric)
+                parts = [0, 1, 2] * (call + 1)
+                assert returned(events) == {"total": ([1 + 3 * call, 2 + 3 * call, 3 + 3 * call], parts)}
+            assert gateway.globals[("s", "chat")] == {"parts": [0, 1, 2, 0, 1, 2], "tallies": 2}
+            # 4 activations per call use the globals: each call's first keeper and its tally are given them
+            assert fabric.kinds.get(GLOBALS_GET, 0) <= 2 * 2
+        finally:
+            await fabric.close()
+
+    asyncio.run(main())

@@ -99,7 +99,8 @@ class Coordinator:
         done = frozenset().union(*(s.joins_done for s in summaries))
         for join in program.joins:  # in topological order, as the in-process core does
             if join.index not in done and not _fed(program, join, summaries, done):
-                router.send(router._host(join, (join.index,)), RESOLVE, (join.index,))
+                host = router._host(join, (join.index,))
+                router.send(host, RESOLVE, (join.index, router.shards.globals_for(call, join, host)))
                 return
         if sum(s.in_flight for s in summaries) == 0:
             self.finish(call)
@@ -113,10 +114,11 @@ class Coordinator:
             if bound is not None and held > bound:
                 continue
             if consumer.kind == ORDERED_STREAM:
-                host = router.me
+                router.send(router.me, RELEASE, (consumer.index, bound, None))
             else:
-                host = router._host(program.nodes[consumer.target], None)
-            router.send(host, RELEASE, (consumer.index, bound))
+                node = program.nodes[consumer.target]
+                host = router._host(node, None)
+                router.send(host, RELEASE, (consumer.index, bound, router.shards.globals_for(call, node, host)))
             released = True
         if not released:
             log.error("call %s: %d activations held and none may run (a flowrt bug)", call.call_id, call.in_flight)

@@ -176,7 +176,7 @@ class Runtime:
     def host(self, role: str, instance: Any, thread: ReplicaThread, binding_class: Callable = RoleBinding) -> None:
         """Bind one replica's instance, constructed and set up already (its `thread` runs its
         plain methods), as the only one of `role`: a process hosting that replica's part of
-        every call (flowrt.control.shards, whose ShardBinding is the `binding_class`)."""
+        every call (flowrt.control.shards; flowrt.control.shard_binding.ShardBinding is the `binding_class`)."""
         spec = self.roles[role]
         self.instances[role] = [instance]
         prefer = tuple(self.bundle.python_path)

@@ -74,8 +74,7 @@ from flowrt.control.envelopes import (
 )
 from flowrt.control.program import CALLER, DIRECT, JOIN, NodeProgram
 from flowrt.control.quiescence import Coordinator, Summary, trivial
-from flowrt.control.roles import Context, RoleBinding
-from flowrt.control.sessions import apply_globals_changes, globals_changes, snapshot_globals
+from flowrt.control.sessions import apply_globals_changes
 from flowrt.control.signals import Reason
 
 log = logging.getLogger("flowrt")
@@ -200,7 +199,14 @@ class ShardRouter:
 
     def bound(self, consumer: Any) -> tuple | None:
         """The smallest key that can still reach `consumer`, as the gateway last worked it out
-        (the empty key until it has: only what has it may go)."""
+        (the empty key until it has: only what has it may go). A consumer fed only by one
+        session node needs no telling: that node runs one activation at a time, numbering its
+        outputs by a counter it advances as each starts, in one process for the whole call (its
+        session's pin), and one channel carries them in order; so what reaches the consumer
+        comes in key order, and in one process too its bound, the node's next count, lets every
+        frame through (Delivery._lower_bound)."""
+        if not consumer.heap_nodes and not consumer.join_resets and len(consumer.session_resets) == 1:
+            return None
         return self.bounds.get(consumer.index, ())
 
     def idle(self, call: Call) -> None:
@@ -263,9 +269,13 @@ class Shards:
         self.fetches: dict[int, asyncio.Future] = {}  # copies of session globals asked of the gateway; broadcasts' ends
         self.extras: set[asyncio.Task] = set()  # broadcast activations run here for another replica
         self.fetch_ids = itertools.count(1)
+        # call -> a copy of its session's globals that came with a decision of the gateway's,
+        # for the first activation here to ask before anything here changes them
+        self.prefetched: dict[int, dict] = {}
 
     def forget(self, call_id: int, peer: int, peers: set[int]) -> None:
         self.calls.pop(call_id, None)
+        self.prefetched.pop(call_id, None)
         self.forwards[call_id] = (peer, peers)
         self.forwards.move_to_end(call_id)
         if len(self.forwards) > FORWARDS:
@@ -318,6 +328,10 @@ class Shards:
     async def fetch(self, call_id: int, names: tuple[str, ...], where: Envelope | None = None) -> dict:
         """A copy of the call's session's globals `names`, from the gateway, which keeps them
         (for a broadcast's other replica, which holds no shard: `where` is what asked it)."""
+        if where is None:
+            copy = self.prefetched.pop(call_id, None)
+            if copy is not None and copy.keys() >= set(names):
+                return {name: copy[name] for name in names}
         number = next(self.fetch_ids)
         waiter = self.fetches[number] = asyncio.get_running_loop().create_future()
         if where is None:
@@ -331,8 +345,27 @@ class Shards:
         finally:
             self.fetches.pop(number, None)
 
+    def globals_for(self, call: Call, node: NodeProgram, host: int) -> dict | None:
+        """The gateway's: a copy of the session globals `node`'s role uses, to send with the
+        decision that lets it run on `host` (RELEASE, RESOLVE). The decision is taken with
+        nothing running anywhere, so nothing can change them before it starts: its activation
+        need not ask for them (GLOBALS_GET), a round trip on the call's critical path."""
+        if host == self.me or not node.interface:
+            return None
+        uses = self.runtime.roles[node.role].uses
+        return self._copy(call.session, uses) if uses else None
+
+    def _copy(self, session: str, names: tuple[str, ...]) -> dict:
+        store = self.runtime.globals
+        return {name: store[(session, name)] for name in names}
+
+    def _prefetched(self, call: Call, copy: dict | None) -> None:
+        if copy is not None:
+            self.prefetched[call.call_id] = copy
+
     def commit(self, call_id: int, changes: dict | None) -> None:
         """Send the gateway what an activation set, changed or deleted in its session's globals."""
+        self.prefetched.pop(call_id, None)  # (a later activation here must see what this one changed)
         call = self.calls.get(call_id)
         if changes and call is not None:
             call.router.send(call.router.gateway, GLOBALS_PUT, (changes,), work=False)
@@ -388,8 +421,9 @@ class Shards:
             return  # (a call the gateway ended: the activation asking is cancelled)
         store = self.runtime.globals
         if kind == GLOBALS_GET:
-            copy = {name: store[(call.session, name)] for name in body[1]}
-            back = Envelope(call.call_id, call.graph, call.session, self.me, GLOBALS, (body[0], copy), None)
+            back = Envelope(
+                call.call_id, call.graph, call.session, self.me, GLOBALS, (body[0], self._copy(call.session, body[1])), None
+            )
             self.send(envelope.sender, back)
         else:
             apply_globals_changes({name: store[(call.session, name)] for name in body[0]}, body[0])
@@ -402,6 +436,7 @@ class Shards:
             return
         if kind == CLOSE:
             self.calls.pop(envelope.call_id, None)
+            self.prefetched.pop(envelope.call_id, None)
             self.forwards.pop(envelope.call_id, None)
             self.aborted.discard(envelope.call_id)
             self.closed[envelope.call_id] = None
@@ -471,8 +506,10 @@ class Shards:
         elif kind == ERRORED:
             call.remote_unreachable(program.edges[body[0]], (), (), body[1], None)
         elif kind == RESOLVE:
+            self._prefetched(call, body[1])
             call.remote_resolve(program.nodes[body[0]])
         elif kind == RELEASE:
+            self._prefetched(call, body[2])
             call.router.bounds[body[0]] = body[1]
             call.remote_release(program.consumers[body[0]])
         elif kind == RETURN:
@@ -535,57 +572,9 @@ class Shards:
             "aborted_marks": len(self.aborted),
             "fetches": len(self.fetches),
             "broadcasts": len(self.extras),
+            "prefetched_globals": len(self.prefetched),
         }
         for call in self.calls.values():
             for key, value in call.statistics().items():
                 totals[key] = totals.get(key, 0) + value
         return totals
-
-
-class ShardBinding(RoleBinding):
-    """The binding of a role's one replica in a process hosting its part of calls. A role that
-    `uses` session globals gets a copy of the gateway's before it runs, and what it set,
-    changed or deleted goes back when it ends (as under --deploy local's gateway control); an
-    `lb broadcast` activation runs on the role's other replicas too, and ends once they have."""
-
-    def __init__(self, spec: Any, instances: list, globals_: dict, log_: logging.Logger, memory: Any, prefer: tuple, **where):
-        super().__init__(spec, instances, globals_, log_, memory, prefer)
-        self.shards: Shards = where["shards"]
-        self.index: int = where["replica"]  # its number among its role's replicas (`ctx.replica`)
-
-    def begin(self, node: NodeProgram, session: str, call_id: Any, graph: str, inputs: dict) -> tuple:
-        method = node.methods[0]
-        if method is None:
-            raise AttributeError(f"{type(self.instances[0]).__name__} has no method `{node.method}`")
-        self.load[0] += 1
-        if self.uses:
-            run = self._stream if node.generator else self._once
-            result = run(method, node, session, call_id, graph, inputs)
-        else:
-            result = method(self.context(node, session, call_id, graph, NO_GLOBALS), **inputs)
-        if not self.broadcast:
-            return 0, result, ()
-        shards = self.shards
-        call = shards.calls[call_id]
-        others = [p for p in shards.placement.hosts[self.name] if p != shards.me]
-        return BROADCAST, result, tuple(shards.extra(call, node, p, inputs) for p in others)
-
-    async def _once(self, method: Any, node: NodeProgram, session: str, call_id: Any, graph: str, inputs: dict) -> Any:
-        uses = await self.shards.fetch(call_id, self.uses)
-        before = snapshot_globals(uses)
-        try:
-            return await method(self.context(node, session, call_id, graph, uses), **inputs)
-        finally:
-            self.shards.commit(call_id, globals_changes(before, uses))
-
-    async def _stream(self, method: Any, node: NodeProgram, session: str, call_id: Any, graph: str, inputs: dict):
-        uses = await self.shards.fetch(call_id, self.uses)
-        before = snapshot_globals(uses)
-        try:
-            async for frame in method(self.context(node, session, call_id, graph, uses), **inputs):
-                yield frame
-        finally:
-            self.shards.commit(call_id, globals_changes(before, uses))
-
-    def context(self, node: NodeProgram, session: str, call_id: Any, graph: str, uses: Any) -> Context:
-        return Context(session, call_id, graph, self.name, node.method, uses, self.log, self.index, self.memory)

@@ -24,7 +24,8 @@ import zmq
 from flowrt.control.credit import Credit, CreditError
 from flowrt.control.envelopes import CREDIT, KINDS, Envelope, Placement
 from flowrt.control.runtime import Runtime
-from flowrt.control.shards import MAX_HOPS, ShardBinding, Shards
+from flowrt.control.shard_binding import ShardBinding
+from flowrt.control.shards import MAX_HOPS, Shards
 from flowrt.transport import codec
 from flowrt.transport import messages as m
 from flowrt.transport.keys import Guard, Keys
