@@ -100,7 +100,9 @@ def rss_of(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_a_256_mb_tensor_passes_three_stages_and_reaches_three_consumers_in_one_block(tmp_path, monkeypatch):
+@pytest.mark.parametrize("control", ["gateway", "shards"])
+def test_a_256_mb_tensor_passes_three_stages_and_reaches_three_consumers_in_one_block(tmp_path, monkeypatch, control):
+    monkeypatch.setenv("FLOWRT_CONTROL", control)  # (shards: the frames go replica to replica, docs/design/decentralised.md)
     gate = tmp_path / "gate"
     monkeypatch.setenv("GATE", str(gate))
     bundle = bundle_with_roles(PIPELINE, ROLES, tmp_path)
@@ -117,9 +119,13 @@ def test_a_256_mb_tensor_passes_three_stages_and_reaches_three_consumers_in_one_
             stats = deployment.memory_statistics()
             assert stats["blocks"] == 1, stats  # one block through every stage and for every consumer
             assert stats["bytes_requested"] == 256 * MB
-            (held,) = stats["refs_by_call"].values()
-            assert held == 3  # one per consumer activation (the producers' activations ended)
-            assert set(stats["refs_by_process"]) == {str(os.getpid())}  # and the gateway's, while its frames live
+            if control == "gateway":
+                (held,) = stats["refs_by_call"].values()
+                assert held == 3  # one per consumer activation (the producers' activations ended)
+                assert set(stats["refs_by_process"]) == {str(os.getpid())}  # and the gateway's, while its frames live
+            else:  # the tensor never went through the gateway: each consumer's process holds it while it lives
+                assert stats["refs_by_call"] == {} and str(os.getpid()) not in stats["refs_by_process"], stats
+                assert sorted(stats["refs_by_process"].values()) == [1, 1, 1], stats
             gate.touch()
             events = await call
             assert rss_of(os.getpid()) - gateway_rss < 64 * MB  # the gateway never touched the pages

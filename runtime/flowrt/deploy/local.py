@@ -359,6 +359,7 @@ class LocalSupervisor:
         self.peers = Peers(self.keys, "gateway", 0, endpoints_of(config), placement, "the gateway")
         self.shards = runtime.shards = Shards(runtime, 0, placement, self.peers.send, self.peers.encode)
         self.peers.deliver = self.shards.receive
+        self.peers.decoder = self.remote.decoder  # (a tensor a replica sends the caller: adopted, as under the gateway's control)
 
     async def _spawn(self, process: Process) -> None:
         process.last_error = ""

@@ -58,6 +58,11 @@ class Peers:
         self.queued: dict[int, list[list]] = {}  # per peer, the messages this turn sent it (one Batch at its end)
         self.sent = self.received = self.garbage = 0
         self.what = what
+        # the data plane (flowrt.memory.tensors), where the process has a memory manager: a large
+        # tensor in a body crosses as a handle to shared memory, its ref the call's (released
+        # when the gateway retires the call); `encoder(call_id)` is None where tensors go whole
+        self.encoder: Any = lambda call_id: None
+        self.decoder: Any = None
 
     def send(self, dst: int, envelope: Envelope) -> None:
         if dst == self.me:
@@ -75,7 +80,7 @@ class Peers:
     def encode(self, envelope: Envelope) -> None:
         """Pickle the body now, in the sender's step: a value that cannot cross processes fails
         the role that sent it (codec.Unpicklable, as under the gateway's control)."""
-        envelope.wire = codec.dumps(envelope.body)
+        envelope.wire = codec.dumps(envelope.body, self.encoder(envelope.call_id))
 
     def flush(self) -> None:
         """Send what this turn queued: one ZMQ message per peer (a Batch where there are several)."""
@@ -130,7 +135,7 @@ class Peers:
             self._garbage(f"a share that cannot be one ({error})")
             return
         try:  # (the peer holds the deployment's key: its pickles are its own processes')
-            body = codec.loads(frames[1:])
+            body = codec.loads(frames[1:], self.decoder)
             if type(body) is not tuple:
                 raise TypeError(f"a body is a tuple, not {type(body).__name__}")
         except Exception as error:  # noqa: BLE001 - TypeError, what a bad pickle raises
@@ -160,7 +165,8 @@ def endpoints_of(config: dict) -> dict[int, str]:
 
 def host_process(config: dict, bundle: Any, keys: Keys, role: str, instance: Any, thread: Any, memory: Any, what: str):
     """(the Shards of a replica process hosting `instance` of `role`, its Peers) for `config`
-    (the supervisor's `shards` entry of the replica's configuration)."""
+    (the supervisor's `shards` entry of the replica's configuration). The caller sets the
+    Peers' `encoder` and `decoder` where its process has the data plane."""
     runtime = Runtime(bundle)
     runtime.memory = memory
     placement = placement_of(config)

@@ -203,6 +203,11 @@ class Replica:
             self.shards, self.peers = host_process(
                 self.config["shards"], self.bundle, self.keys, self.role_name, self.instance, self.thread, self.memory, what
             )
+            self.peers.encoder = lambda call_id: self.encoder(f"{self.gateway_pid}:{call_id}")
+            if self.decoder is not None:  # a tensor received from a peer is held by this process while it lives
+                from flowrt.memory.tensors import Decoder
+
+                self.peers.decoder = Decoder(self.memory.client, adopt=True)
         await self.connect_registry()
 
     def progress(self, step: str) -> None:
