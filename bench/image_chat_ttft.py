@@ -4,7 +4,7 @@
 A request holds a text segment and `--images` images (16x16 random pixels, new ones every
 repetition, so no encoder cache hits; a new session every repetition, so no KV reuse):
 
-- **inproc**, **local**: `graph chat` of the example on a deployment; the clock runs from the call
+- **inproc**, **local**, **local shards** (`FLOWRT_CONTROL=shards`): `graph chat` of the example on a deployment; the clock runs from the call
   to the first `token` event and to the `image` return. Each segment is its own LLM activation:
   the text's tokens can stream while the images are still being encoded (pipelined segments),
   and the DiT starts once the first `hidden` and every image condition are in.
@@ -63,7 +63,10 @@ def request(images: int, seed: int) -> dict:
     return {"request": {"segments": segments}}
 
 
-async def pipelined(bundle: Path, deploy: str, requests: list[dict]) -> list[tuple[float, float]]:
+async def pipelined(bundle: Path, deploy: str, requests: list[dict], control: str = "gateway") -> list[tuple[float, float]]:
+    from flowrt.deploy.local import CONTROL_ENV
+
+    os.environ[CONTROL_ENV] = control  # (read as the deployment opens)
     deployment = await open_deployment(bundle, deploy)
     try:
         times = []
@@ -150,6 +153,7 @@ def main() -> int:
             "sequential": asyncio.run(sequential(requests)),
             "inproc": asyncio.run(pipelined(bundle, "inproc", requests)),
             "local": asyncio.run(pipelined(bundle, "local", requests)),
+            "local shards": asyncio.run(pipelined(bundle, "local", requests, "shards")),
         }
 
     print(f"image_chat_models: 1 text segment + {images} image(s) of 16x16, {repeat} timed calls after a warm-up")
@@ -159,7 +163,7 @@ def main() -> int:
         timed = times[1:]  # the first call warms the models and the deployment up
         medians[mode] = (statistics.median(t[0] for t in timed), statistics.median(t[1] for t in timed))
         print(f"{mode:>10}: first token {medians[mode][0] * 1e3:7.1f} ms   image {medians[mode][1] * 1e3:7.1f} ms (median)")
-    for mode in ("inproc", "local"):
+    for mode in ("inproc", "local", "local shards"):
         token = medians["sequential"][0] / medians[mode][0]
         image = medians["sequential"][1] / medians[mode][1]
         print(f"sequential / {mode}: first token x{token:.2f}, image x{image:.2f}")

@@ -323,3 +323,98 @@ def test_work_the_gateway_lets_run_gets_the_session_globals_with_the_decision(se
             await fabric.close()
 
     asyncio.run(main())
+
+
+SEGMENTS = """
+placeholder request: Json
+
+role split {
+    impl "m:Split2"
+    interface run { in request  out stream text: Json, image: Json }
+}
+
+role embed {
+    impl "m:Embed"
+    interface run { in text  out t: Json }
+}
+
+role vit {
+    impl "m:Vit"
+    interface run { in image  out v: Json }
+}
+
+role llm {
+    impl "m:Llm"
+    lb session
+    interface run {
+        in t | v
+        out stream token: Json
+    }
+}
+
+graph g {
+    entry request
+    stream token ordered
+}
+"""
+
+
+def test_the_first_segment_runs_while_a_later_one_is_still_being_encoded(tmp_path):
+    # the llm's inputs wait for order (a session node); the text segment's (key (0,)) cannot be
+    # overtaken by anything (all its work comes through split's stream), so it runs at once:
+    # vit finishes only after the llm has started on the text, which would hang if the llm's
+    # first input waited for the call to be quiet (the gateway's RELEASE)
+    started = asyncio.Event()
+
+    class Split2:
+        async def run(self, ctx, request):
+            yield {"text": "hello"}
+            yield {"image": "pixels"}
+
+    class Embed:
+        async def run(self, ctx, text):
+            return {"t": text}
+
+    class Vit:
+        async def run(self, ctx, image):
+            await started.wait()
+            return {"v": image}
+
+    class Llm:
+        async def run(self, ctx, t=None, v=None):
+            started.set()
+            for word in range(2):
+                yield {"token": (t or v, word)}
+
+    async def main():
+        roles = {"split": [Split2()], "embed": [Embed()], "vit": [Vit()], "llm": [Llm()]}
+        fabric = await open_fabric(SEGMENTS, tmp_path, roles, random.Random(0))
+        try:
+            events = await asyncio.wait_for(collect(fabric.runtimes[0], "g", {"request": {}}, session="s"), 5)
+            tokens = [e["value"] for e in events if e["event"] == "stream"]
+            assert tokens == [("hello", 0), ("hello", 1), ("pixels", 0), ("pixels", 1)], events
+            await settled(fabric)
+        finally:
+            await fabric.close()
+
+    asyncio.run(main())
+
+
+def test_order_floors_from_the_graph_alone(tmp_path):
+    from flowrt.bundle import load_bundle
+    from flowrt.control import Runtime
+    from flowrt.control.quiescence import floors
+    from tests.runtime.harness import bundle_of
+
+    def floors_of(text: str, name: str) -> tuple:
+        directory = tmp_path / name
+        directory.mkdir()
+        return floors(Runtime(load_bundle(bundle_of(text, directory))).programs["g"])
+
+    # the llm's inputs come out of split's stream, and its tokens out of a session node
+    assert floors_of(SEGMENTS, "segments") == ((0,), (0,))
+    # keeper's inputs come out of split's stream
+    assert floors_of(ORDERED_NOTES, "notes") == ((0,),)
+    # the entry feeds the session node itself: its frame has the empty key
+    direct = SEGMENTS.replace("in t | v", "in request | t | v")
+    assert sorted(floors_of(direct, "direct")) == [(), (0,)]

@@ -138,6 +138,47 @@ class Coordinator:
             router.send(process, CLOSE, (), work=False)
 
 
+def floors(program: GraphProgram) -> tuple[tuple, ...]:
+    """For each order consumer, a key no frame reaching it can be below, known from the graph
+    alone: (0,) where nothing that feeds it directly can send the empty key (what it is fed
+    comes out of a stream, keyed (i, ...), or a session node, keyed (n,), or from nodes that
+    only ever get such keys), else the empty key. A shard lets through what is at or below it
+    without the gateway's word, so the first segment of a stream need not wait for the call
+    to be quiet."""
+    nodes = program.nodes
+    succs: list[set[int]] = [set() for _ in nodes]
+    feeds: list[set[int]] = [set() for _ in program.streams]  # stream -> the nodes producing it
+    preds: list[set[int]] = [set() for _ in nodes]
+    for node in nodes:
+        for route in node.routes:
+            for edge in route.edges:
+                if edge.node is not None:
+                    succs[node.index].add(edge.node.index)
+                    preds[edge.node.index].add(node.index)
+                elif edge.stream >= 0:
+                    feeds[edge.stream].add(node.index)
+
+    def renumbers(index: int) -> bool:  # its frames' keys are (i, ...) or (n,) whatever its own
+        node = nodes[index]
+        return bool(node.interface and (node.stream or node.session))
+
+    # nodes that can send the empty key: a role-less node (the entry), a join (its activation
+    # has the empty key), and what they reach through nodes that keep keys
+    empty: set[int] = set()
+    stack = [n.index for n in nodes if not n.interface or n.join is not None]
+    while stack:
+        index = stack.pop()
+        if index in empty or renumbers(index):
+            continue
+        empty.add(index)
+        stack.extend(succs[index])
+    result = []
+    for consumer in program.consumers:
+        fed_by = feeds[consumer.target] if consumer.kind == ORDERED_STREAM else preds[consumer.target]
+        result.append(() if consumer.join_resets or fed_by & empty else (0,))
+    return tuple(result)
+
+
 def trivial(call: Call, summary: Summary) -> bool:
     """Whether a quiet shard holds nothing the call still needs (so it may be forgotten)."""
     return not (

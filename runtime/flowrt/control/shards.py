@@ -73,7 +73,7 @@ from flowrt.control.envelopes import (
     Placement,
 )
 from flowrt.control.program import CALLER, DIRECT, JOIN, NodeProgram
-from flowrt.control.quiescence import Coordinator, Summary, trivial
+from flowrt.control.quiescence import Coordinator, Summary, floors, trivial
 from flowrt.control.sessions import apply_globals_changes
 from flowrt.control.signals import Reason
 
@@ -207,7 +207,11 @@ class ShardRouter:
         frame through (Delivery._lower_bound)."""
         if not consumer.heap_nodes and not consumer.join_resets and len(consumer.session_resets) == 1:
             return None
-        return self.bounds.get(consumer.index, ())
+        told = self.bounds.get(consumer.index, ())
+        if told is None:
+            return None
+        floor = self.shards.floor(self.graph, consumer)
+        return floor if floor > told else told
 
     def idle(self, call: Call) -> None:
         """Nothing of the call runs here: hand back the credit (the gateway: see if the call is quiet)."""
@@ -272,6 +276,7 @@ class Shards:
         # call -> a copy of its session's globals that came with a decision of the gateway's,
         # for the first activation here to ask before anything here changes them
         self.prefetched: dict[int, dict] = {}
+        self.floors: dict[str, tuple[tuple, ...]] = {}  # graph -> its order consumers' floors
 
     def forget(self, call_id: int, peer: int, peers: set[int]) -> None:
         self.calls.pop(call_id, None)
@@ -280,6 +285,13 @@ class Shards:
         self.forwards.move_to_end(call_id)
         if len(self.forwards) > FORWARDS:
             self.forwards.popitem(last=False)
+
+    def floor(self, graph: str, consumer: Any) -> tuple:
+        """quiescence.floors of `graph`, for `consumer` (worked out once per graph)."""
+        known = self.floors.get(graph)
+        if known is None:
+            known = self.floors[graph] = floors(self.runtime.programs[graph])
+        return known[consumer.index]
 
     def next_aid(self) -> int:
         return next(self.aids) * AID_STRIDE + self.me
