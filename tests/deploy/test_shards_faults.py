@@ -241,3 +241,44 @@ async def wait_for_async(probe, what: str, seconds: float = 10) -> None:
     while not await probe():
         assert loop.time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
+
+
+def test_calls_made_while_a_replica_restarts_wait_for_it_and_one_that_stays_down_fails_saying_why(tmp_path):
+    # (the gateway control's restart tests, tests/deploy/test_restart_wait.py, read its own counters)
+    from tests.deploy.test_restart_wait import kill_and_hold, ticker_bundle
+
+    bundle, hold, fail = ticker_bundle(tmp_path)
+
+    async def main():
+        async with deployed(bundle) as deployment:
+            supervisor, runtime = deployment.supervisor, deployment.runtime
+            before = await calls(runtime, "ticks", {"start": {"n": 5, "tag": "a"}})
+            await kill_and_hold(deployment, hold)
+            streamed = asyncio.ensure_future(calls(runtime, "ticks", {"start": {"n": 5, "tag": "a"}}))
+            counted = asyncio.ensure_future(calls(runtime, "count", {"start": {"tag": "b"}}))
+            await wait_for(lambda: supervisor.shards.statistics()["shards"] == 2, 5, "both calls in flight")
+            hold.unlink()  # the restart goes on: what the calls sent it is delivered to the new process
+            assert await streamed == before
+            assert (await counted)[0]["value"] == ["b", 1]
+            await assert_clean_everywhere(deployment)
+            # now it does not come back: a call waits the replica wait, then fails saying why
+            supervisor.remote.wait = 0.5
+            fail.touch()
+            await kill_and_hold(deployment, hold)
+            hold.unlink()
+            process = supervisor.processes[("ticker", 0)]
+            await wait_for(lambda: "the test says no" in process.last_exit, 10, "a restart failed")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            events = await asyncio.wait_for(calls(runtime, "count", {"start": {}}), 10)
+            assert 0.5 <= loop.time() - started < 3
+            (error,) = done(events)["errors"]
+            assert error["role"] == "ticker"
+            assert error["message"].startswith("no replica of role `ticker` came up within the 0.5s"), error
+            assert "setup() of replica 0 raised RuntimeError: the test says no" in error["message"], error
+            fail.unlink()
+            await wait_for(lambda: supervisor.remote.live["ticker"] == [0], 15, "the replica back")
+            assert (await calls(runtime, "count", {"start": {"tag": "z"}}))[0]["value"] == ["z", 1]
+            await assert_clean_everywhere(deployment)
+
+    asyncio.run(main())

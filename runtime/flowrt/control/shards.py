@@ -537,9 +537,13 @@ class Shards:
 
     async def lost(self, process: int, role: str, message: str, wait: float = 1.0) -> None:
         """The gateway's: `process` went down with whatever credit it held, so the calls that
-        sent it work can never be known complete: ask every other process which those are, and
-        end each with an error of `role` saying `message`. Should one not answer within `wait` seconds, every
-        call in flight ends so (none may hang)."""
+        sent it work can never be known complete: end each with an error of `role` saying
+        `message` (`touching` finds them)."""
+        self.end(await self.touching(process, wait), role, message)
+
+    async def touching(self, process: int, wait: float = 1.0) -> set[int]:
+        """The gateway's: the calls that sent `process` work, asked of every other process;
+        should one not answer within `wait` seconds, every call in flight (none may hang)."""
         others = set(self.placement.processes) - {self.me, process}
         waiter = asyncio.get_running_loop().create_future()
         token = next(self.fetch_ids)
@@ -550,12 +554,15 @@ class Shards:
             waiter.set_result(None)
         try:
             await asyncio.wait_for(asyncio.shield(waiter), wait)
-            touched = self.asked[token][1]
+            return self.asked[token][1]
         except TimeoutError:
-            touched = set(self.calls)
+            return set(self.calls)
         finally:
             self.asked.pop(token, None)
-        for call_id in sorted(touched):
+
+    def end(self, call_ids: set[int], role: str, message: str) -> None:
+        """The gateway's: end the calls `call_ids` still in flight with an error of `role` saying `message`."""
+        for call_id in sorted(call_ids):
             call = self.calls.get(call_id)
             if call is not None and call.router.coordinator is not None and not call.ended:
                 call.fail(message, "")

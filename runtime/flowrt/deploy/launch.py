@@ -182,8 +182,8 @@ async def _open(
         await supervisor.close()
         raise
     supervisor.memory_down = functools.partial(runtime.fail_all, where="memory manager")
-    if getattr(supervisor, "sharded", False):
-        supervisor.open_shards(runtime)
+    if getattr(supervisor, "spread", None) is not None:
+        supervisor.spread.open(runtime)
     return Deployment(kind, runtime, supervisor)
 
 

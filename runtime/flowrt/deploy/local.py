@@ -38,6 +38,7 @@ import zmq.asyncio
 
 from flowrt.bundle import Bundle
 from flowrt.deploy.remote import WAIT_ENV, Remote, RemoteBinding, replica_wait
+from flowrt.deploy.shard_gateway import ShardGateway
 from flowrt.errors import FlowrtError
 from flowrt.logs import event, log_format
 from flowrt.registry import Directory, Record, open_source
@@ -152,10 +153,7 @@ class LocalSupervisor:
         self.restarted = 0
         self.failed_start: asyncio.Future | None = None
         # FLOWRT_CONTROL=shards: each replica hosts its role's part of every call (flowrt.control.shards)
-        self.sharded = shards_wanted(bundle)
-        self.shards: Any = None  # the gateway's, and its sockets to the replicas (`open_shards`)
-        self.peers: Any = None
-        self.losses: set[asyncio.Task] = set()  # the sharded calls a replica that went down took with it, being found
+        self.spread: ShardGateway | None = ShardGateway(self) if shards_wanted(bundle) else None
 
     # ── what the runtime asks of a binder ──
 
@@ -327,7 +325,7 @@ class LocalSupervisor:
             "debug": self.debug,
             "keys": self.keys.for_replica(),  # (flowrt.transport.keys: all but the gateway's secret)
             "log_format": log_format(),
-            "shards": self.shard_config(process.role, process.replica) if self.sharded else None,
+            "shards": self.spread.config(process.role, process.replica) if self.spread is not None else None,
             "sys_path": [p for p in sys.path if p],
             "memory": None
             if self.manager is None
@@ -338,28 +336,14 @@ class LocalSupervisor:
             },
         }
 
-    def shard_config(self, role: str, replica: int) -> dict:
-        """Where every process of the deployment listens for its peers, and which it is."""
-        expected = self.expected()
-        hosts: dict[str, list[int]] = {}
-        endpoints = {0: self.endpoint("peers-gateway")}
-        for number, (name, index) in enumerate(expected, 1):
-            hosts.setdefault(name, []).append(number)
-            endpoints[number] = self.endpoint(f"peers-{name}-{index}")
-        me = 1 + expected.index((role, replica)) if role else 0
-        return {"me": me, "replica": replica, "endpoints": endpoints, "hosts": hosts}
+    @property
+    def shards(self) -> Any:
+        """The gateway's shards of the calls spread over the replicas (None: the gateway runs every call)."""
+        return self.spread.shards if self.spread is not None else None
 
-    def open_shards(self, runtime: Any) -> None:
-        """Make the gateway's runtime spread its calls over the replicas (FLOWRT_CONTROL=shards)."""
-        from flowrt.control.shards import Shards
-        from flowrt.deploy.peers import Peers, endpoints_of, placement_of
-
-        config = self.shard_config("", 0)
-        placement = placement_of(config)
-        self.peers = Peers(self.keys, "gateway", 0, endpoints_of(config), placement, "the gateway")
-        self.shards = runtime.shards = Shards(runtime, 0, placement, self.peers.send, self.peers.encode)
-        self.peers.deliver = self.shards.receive
-        self.peers.decoder = self.remote.decoder  # (a tensor a replica sends the caller: adopted, as under the gateway's control)
+    @property
+    def peers(self) -> Any:
+        return self.spread.peers if self.spread is not None else None
 
     async def _spawn(self, process: Process) -> None:
         process.last_error = ""
@@ -493,14 +477,8 @@ class LocalSupervisor:
         self.progress("ready", record.role, record.replica)
 
     def shards_lost(self, record: Record, reason: str) -> None:
-        """With the control spread over the replicas: end the calls that sent work to the replica
-        that went down (flowrt.control.shards.Shards.lost)."""
-        if self.shards is not None and (record.role, record.replica) in self.processes:
-            message = f"replica {record.replica} of role `{record.role}` went away: {reason}"  # (as flowrt.deploy.remote says it)
-            number = 1 + self.expected().index((record.role, record.replica))
-            lost = asyncio.ensure_future(self.shards.lost(number, record.role, message))
-            self.losses.add(lost)
-            lost.add_done_callback(self.losses.discard)
+        if self.spread is not None:
+            self.spread.lost(record.role, record.replica, reason)
 
     def _down(self, record: Record, reason: str) -> None:
         """The registry dropped a replica: its calls fail now; a process that lapsed is killed
@@ -546,8 +524,8 @@ class LocalSupervisor:
                 if task is not None and not task.done():
                     task.cancel()
         self.remote.close()
-        if self.peers is not None:
-            self.peers.close()
+        if self.spread is not None:
+            self.spread.close()
         if self.manager is not None:
             await self.manager.close()
         if self.memory is not None:

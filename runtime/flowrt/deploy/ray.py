@@ -250,7 +250,7 @@ class RaySupervisor(LocalSupervisor):
     def __init__(self, bundle, registry: str | None, ttl: float, address: str | None, debug: bool = False, pool_mb=None):
         super().__init__(bundle, registry, ttl, debug, pool_mb=pool_mb)
         self.address = address
-        if self.sharded and address is not None:
+        if self.spread is not None and address is not None:
             raise DeployError(
                 "FLOWRT_CONTROL=shards runs on one machine for now (its replicas dial each other over ipc); "
                 "use --deploy ray without an address, or unset FLOWRT_CONTROL"
