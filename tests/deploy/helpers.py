@@ -67,7 +67,10 @@ async def assert_clean_everywhere(deployment) -> None:
         # other sockets than the probe's, so a replica may answer before it has closed them
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 5
-        while any(p.get("tracked") for p in stats.get("processes", {}).values()) and loop.time() < deadline:
+        # (and `busy_replicas` is what their heartbeats last said)
+        while (any(p.get("tracked") for p in stats.get("processes", {}).values()) or stats.get("busy_replicas")) and (
+            loop.time() < deadline
+        ):
             await asyncio.sleep(0.02)
             stats = await deployment.statistics()
     for key in ("calls", "queued_calls", "busy_replicas", "remote_activations", "waiting_activations"):

@@ -154,6 +154,7 @@ class LocalSupervisor:
         self.failed_start: asyncio.Future | None = None
         # FLOWRT_CONTROL=shards: each replica hosts its role's part of every call (flowrt.control.shards)
         self.spread: ShardGateway | None = ShardGateway(self) if shards_wanted(bundle) else None
+        self.remote.spread = self.spread is not None
 
     # ── what the runtime asks of a binder ──
 

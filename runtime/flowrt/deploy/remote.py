@@ -148,6 +148,7 @@ class Remote:
         self.traffic = [0, 0]  # calls' messages sent, received (however batched; docs/design/decentralised.md)
         self.up_event = asyncio.Event()  # set whenever a replica comes up (tests and start-up wait on it)
         self.wait = wait  # seconds an activation waits for a replica of its role (REPLICA_WAIT)
+        self.spread = False  # calls are spread over the replicas (flowrt.deploy.shard_gateway): none run through here
         self.queues: dict[str, deque[Turn]] = {role: deque() for role in replicas}  # activations waiting for a replica
         self.last_down: dict[str, str] = {}  # role -> the last replica of it that went down, and why
         self.explain: Any = None  # role -> what the supervisor knows of why none of its replicas is up
@@ -483,6 +484,11 @@ class RemoteBinding(RoleBinding):
         self.sticky: OrderedDict[str, int] = OrderedDict()
         self.tickets = itertools.count(-3, -1)  # the replica `begin` returns for an activation that waits (BROADCAST is -2)
         self.waited: dict[int, int] = {}  # such a ticket -> the replica chosen once one came up
+
+    def busy_replicas(self) -> int:  # (calls spread over the replicas: as their heartbeats last said)
+        if self.remote.spread:
+            return sum(1 for (name, _), link in self.remote.links.items() if name == self.name and link.record.running)
+        return super().busy_replicas()
 
     def replica(self, session: str) -> int:
         """The replica to run an activation, among those up (there is one: see `begin`)."""

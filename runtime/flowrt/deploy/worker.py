@@ -219,6 +219,8 @@ class Replica:
 
     def heartbeat(self) -> m.Heartbeat:
         running = len(self.tasks)
+        if self.shards is not None:  # (its part of calls spread over the replicas: the gateway reads it from here)
+            running += self.shards.statistics().get("running", 0)
         return m.Heartbeat(m.VERSION, self.role_name, self.index, self.incarnation, running, self.queued, self.tokens)
 
     async def connect_registry(self) -> None:
