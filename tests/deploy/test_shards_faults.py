@@ -130,9 +130,28 @@ async def tracked(deployment, replica: str) -> int:
     return stats.get("processes", {}).get(replica, {}).get("tracked", 0)
 
 
-async def kill_and_expect(deployment, victim: str, call: asyncio.Future, role: str) -> list[dict]:
-    """kill -9 `victim`; the call must end with an error naming it within TTL + 1 s; then wait
-    for its restart and return the call's events."""
+async def killed_while(
+    deployment, mark: str, request: dict, victim: str, holding: str = "", session: str = "", streamed: int = 0
+) -> list[dict]:
+    """Make a call of `request`, whose `hang` roles stop (each leaving `mark`.ROLE); once they
+    have (and `victim`, "role/n", holds something of the call, if `holding` says what; and the
+    caller has `streamed` frames), kill -9 `victim`: the call must end with an error naming it
+    within TTL + 1 s. Waits for its restart; returns the call's events."""
+    inputs = {"request": {**request, "mark": mark}}
+    events: list[dict] = []
+
+    async def call_() -> list[dict]:
+        async for event in deployment.runtime.call("g", inputs, **({"session": session} if session else {})):
+            events.append(event)
+        return events
+
+    call = asyncio.ensure_future(call_())
+    for role in request["hang"]:
+        await wait_for(Path(f"{mark}.{role}").exists, 10, f"{role} stopped where the test wants it")
+    await wait_for(lambda: sum(e["event"] == "stream" for e in events) >= streamed, 10, f"{streamed} frames at the caller")
+    if holding:
+        await wait_for_async(lambda: tracked(deployment, victim), holding)
+    role = victim.split("/")[0]
     supervisor = deployment.supervisor
     pid = supervisor.pids()[victim]
     loop = asyncio.get_running_loop()
@@ -158,11 +177,7 @@ def test_kill_9_of_a_replica_holding_a_half_filled_bucket(tmp_path):
     async def main():
         async with deployed(bundle, heartbeat_ttl=TTL) as deployment:
             runtime = deployment.runtime
-            request = {"hang": ["slow"], "mark": mark}
-            call = asyncio.ensure_future(calls(runtime, "g", {"request": request}))
-            await wait_for(Path(mark + ".slow").exists, 10, "slow running")
-            await wait_for_async(lambda: tracked(deployment, "both/0"), "both holding the bucket's `a`")
-            await kill_and_expect(deployment, "both/0", call, "both")
+            await killed_while(deployment, mark, {"hang": ["slow"]}, "both/0", "both holding the bucket's `a`")
             # slow's activation, still running in its own process, was ended there too
             await assert_clean_everywhere(deployment)
             assert returned(await calls(runtime, "g", {"request": 7})) == {"result": 7}
@@ -179,11 +194,7 @@ def test_kill_9_of_a_session_nodes_replica_holding_frames_for_order(tmp_path):
         async with deployed(bundle, heartbeat_ttl=TTL) as deployment:
             runtime = deployment.runtime
             # parts streams three frames, then hangs: keeper holds those that wait for order
-            request = {"hang": ["parts"], "mark": mark}
-            call = asyncio.ensure_future(calls(runtime, "g", {"request": request}, session="s"))
-            await wait_for(Path(mark + ".parts").exists, 10, "parts done streaming")
-            await wait_for_async(lambda: tracked(deployment, "keeper/0"), "keeper holding the parts")
-            await kill_and_expect(deployment, "keeper/0", call, "keeper")
+            await killed_while(deployment, mark, {"hang": ["parts"]}, "keeper/0", "keeper holding the parts", session="s")
             await assert_clean_everywhere(deployment)
             events = await calls(runtime, "g", {"request": 1}, session="s")
             assert [e["value"] for e in events if e["event"] == "stream"] == [0, 1, 2]
@@ -199,9 +210,7 @@ def test_kill_9_of_a_replica_mid_stream(tmp_path):
     async def main():
         async with deployed(bundle, heartbeat_ttl=TTL) as deployment:
             runtime = deployment.runtime
-            call = asyncio.ensure_future(calls(runtime, "g", {"request": {"hang": ["speaker"], "mark": mark}}))
-            await wait_for(Path(mark + ".speaker").exists, 10, "speaker mid-stream")
-            events = await kill_and_expect(deployment, "speaker/0", call, "speaker")
+            events = await killed_while(deployment, mark, {"hang": ["speaker"]}, "speaker/0", streamed=3)
             assert [e["value"] for e in events if e["event"] == "stream"] == [0, 1, 2]  # what came before stays
             await assert_clean_everywhere(deployment)
             events = await calls(runtime, "g", {"request": 1})
