@@ -72,30 +72,31 @@ def load_bundle(path: Path) -> Bundle:
     graphs = _import_module(path, "graphs", path / "graphs.py")
     try:
         plan = _assemble_plan(graphs, roles)
-        streaming = {name: entry_stream(name, graph) for name, graph in plan["graphs"].items()}
+        for graph_name, graph in plan["graphs"].items():
+            entry_stream(graph_name, graph)  # (malformed: a TableError)
     except MALFORMED as error:
         raise BundleError(
             f"{path / 'graphs.py'} is malformed ({_reason(error)}); rebuild the bundle with `flowc build`"
         ) from None
-    _refuse_streaming_entries(path, streaming)
     unreached = tuple(sorted(name for name, spec in roles.items() if not any(i.graphs for i in spec.interfaces.values())))
     reached = {name: spec for name, spec in roles.items() if name not in unreached}
     return Bundle(path=path, name=name, manifest=manifest, plan=plan, roles=reached, unreached=unreached)
 
 
-def _refuse_streaming_entries(path: Path, streaming: dict[str, tuple[str, ...]]) -> None:
-    """A graph with a streaming entry (`placeholder stream`) cannot run yet: its frames are to be
-    sent over the call (`runtime.start(...)`, `call.send`, `call.end`: issue 36), which is not
-    built, and a call's entry values would be read as the input's only frame, whose end of
-    stream never comes. Refused here, by name, rather than run wrongly; the call API lifts it."""
-    found = [(graph, names) for graph, names in sorted(streaming.items()) if names]
+def refuse_streaming_entries(bundle: Bundle, how: str) -> None:
+    """A graph with a streaming entry (`placeholder stream`) takes its frames from a call in this
+    process (`Runtime.start`, `call.send`; docs/runtime.md, "Streaming input"), which a bundle
+    run `how` (`--deploy local`, served over HTTP, ...) cannot make yet: a BundleError in one
+    line naming each such graph and entry and what to do, rather than a call that never ends."""
+    found = [(name, entry_stream(name, graph)) for name, graph in sorted(bundle.plan["graphs"].items())]
+    found = [(name, names) for name, names in found if names]
     if not found:
         return
     graphs = "; ".join(f"graph `{graph}` streams {', '.join(f'`{n}`' for n in names)}" for graph, names in found)
     raise BundleError(
-        f"{path}: {graphs}: a streaming entry (`placeholder stream`) takes its frames while the call runs, through "
-        "`call = runtime.start(...)` and `await call.send(...)`, which this flowrt does not have yet, so it cannot run "
-        "this bundle; declare the placeholder without `stream` to give the graph one value when it is called"
+        f"{bundle.path}: {graphs}: a streaming entry takes its frames only from a call in this process for now, "
+        f"not {how}; call the graph in process instead (`flowc run --once` with the list of its frames as the entry's "
+        "value, or `runtime.start(...)` and `await call.send(...)` from Python), or declare the placeholder without `stream`"
     )
 
 

@@ -36,6 +36,11 @@ class BadInputs(FlowrtError):
     """A call's inputs do not match the graph's entry placeholders (names or declared types)."""
 
 
+class InputClosed(FlowrtError):
+    """A frame or an end sent for a streaming entry that has ended, or to a call that is over
+    (cancelled, timed out, or closed by its caller): nothing more of its input is taken."""
+
+
 class BadTimeout(FlowrtError, ValueError):
     """A call's timeout is not a finite number of seconds greater than zero."""
 

@@ -1,11 +1,14 @@
 """The bundle of a graph with a streaming entry (`placeholder stream`): graphs.py and plan.json
 record it (`entry_stream`, the placeholder node's `stream`), flowrt reads it back
-(`flowrt.tables.entry_stream`), and, until a call can take an entry's frames, refuses to load
-the bundle rather than run it with the caller's value as the only frame."""
+(`flowrt.tables.entry_stream`) and runs it in process (`flowc run --once` takes the list of its
+frames); until replica processes and HTTP can carry an entry's frames, `--deploy local`, `ray`
+and serving over HTTP refuse it in one line that names the graph, the entry and what to do."""
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -15,7 +18,10 @@ import pytest
 
 from flowc.check import check_file
 from flowc.codegen import build_bundle
-from flowrt.bundle import BundleError, load_bundle
+from flowrt.bundle import BundleError, load_bundle, refuse_streaming_entries
+from flowrt.control import Runtime
+from flowrt.deploy import open_deployment
+from flowrt.gateway import application
 from flowrt.tables import TableError, entry_stream
 from tests.conftest import REPO
 
@@ -59,13 +65,37 @@ def test_the_runtime_reads_which_entries_stream():
             entry_stream("g", {"entry": ["a", "b"], "entry_stream": bad})
 
 
-def test_flowrt_refuses_to_load_it_and_says_why(bundle):
+def test_flowrt_loads_it_and_knows_which_entries_stream(bundle):
+    loaded = load_bundle(OUT)
+    assert loaded.plan["graphs"]["talk"]["entry_stream"] == ["audio_in"]
+    talk = dict(loaded.plan["graphs"]["talk"], entry_stream=[])
+    refuse_streaming_entries(dataclasses.replace(loaded, plan={**loaded.plan, "graphs": {"talk": talk}}), "served over HTTP")
+
+
+REFUSED = (
+    "graph `talk` streams `audio_in`: a streaming entry takes its frames only from a call in this process for now, not {how}; "
+    "call the graph in process instead (`flowc run --once` with the list of its frames as the entry's value, "
+    "or `runtime.start(...)` and `await call.send(...)` from Python), or declare the placeholder without `stream`"
+)
+
+
+@pytest.mark.parametrize("deploy", ["local", "ray"])
+def test_a_deployment_over_processes_refuses_it_before_starting_anything(bundle, deploy):
     with pytest.raises(BundleError) as refused:
-        load_bundle(OUT)
-    message = str(refused.value)
-    assert "graph `talk` streams `audio_in`" in message
-    assert "`call = runtime.start(...)` and `await call.send(...)`, which this flowrt does not have yet" in message
-    assert "declare the placeholder without `stream`" in message
+        asyncio.run(open_deployment(OUT, deploy))
+    assert str(refused.value) == f"{OUT}: " + REFUSED.format(how=f"--deploy {deploy}")
+
+
+def test_the_http_gateway_refuses_it(bundle):
+    async def main():
+        runtime = await Runtime.open(OUT)
+        try:
+            with pytest.raises(BundleError, match="not served over HTTP; call the graph in process instead"):
+                application(runtime)
+        finally:
+            await runtime.close()
+
+    asyncio.run(main())
 
 
 def test_a_malformed_entry_stream_is_a_malformed_graphs_py(bundle, tmp_path):
@@ -77,14 +107,37 @@ def test_a_malformed_entry_stream_is_a_malformed_graphs_py(bundle, tmp_path):
         load_bundle(copy)
 
 
-def test_flowc_run_refuses_it_in_one_line(bundle):
+def run_flowc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flowc", "run", *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def test_flowc_run_once_sends_a_list_as_the_entrys_frames(bundle):
+    result = run_flowc(str(OUT), "--once", "talk", "--input", '{"audio_in": ["hello there", "you"], "voice": "v"}')
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["value"] for e in events if e.get("field") == "heard"] == ["hello", "there", "you"]
+    returned = {e["field"]: e["value"] for e in events if e["event"] == "return"}
+    assert returned == {"first": ["hello there", "you"], "total": 3}
+    assert events[-1] == {"event": "done", "status": "ok", "errors": [], "missing": []}
+
+
+def test_flowc_run_refuses_what_it_cannot_run_in_one_line(bundle):
     for target in (str(OUT), str(DUPLEX)):
-        result = subprocess.run(
-            [sys.executable, "-m", "flowc", "run", target, "--once", "talk", "--input", '{"audio_in": "x", "voice": "v"}'],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=120,
-        )
-        assert result.returncode == 2, result.stderr
-        assert "graph `talk` streams `audio_in`" in result.stderr and "Traceback" not in result.stderr
+        for args, said in (
+            (
+                ["--once", "talk", "--input", '{"audio_in": "x", "voice": "v"}'],
+                "entry `audio_in` streams, so a call takes the list of its frames, not str",
+            ),
+            (
+                ["--once", "talk", "--deploy", "local", "--input", '{"audio_in": ["x"], "voice": "v"}'],
+                "not --deploy local; call the graph in process",
+            ),
+            (
+                ["--http", "127.0.0.1:0"],
+                "graph `talk` streams `audio_in`: a streaming entry takes its frames only from a call in this process",
+            ),
+        ):
+            result = run_flowc(target, *args)
+            assert result.returncode == 2, result.stderr
+            assert said in result.stderr and "Traceback" not in result.stderr
+            assert result.stderr.count("\n") == 1 and result.stderr.startswith("flowc: ")

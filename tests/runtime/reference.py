@@ -22,6 +22,10 @@ not, and (c,) if it is an `lb session` node, c counting the node's frames in the
 activations ran. An `lb session` node outside loops runs its activations in key order: here,
 simply, it holds them until nothing else is left to do and nothing held or open elsewhere can
 still reach it, then runs the one with the smallest key. Absent frames carry no key.
+
+A streaming entry (`placeholder stream`) is given as the list of its frames: its placeholder
+node is one activation that yields them in that order (frame j has the key (j,)) and then ends,
+exactly as a streaming role would; with no frames it yields nothing.
 """
 
 from __future__ import annotations
@@ -120,7 +124,11 @@ def run_reference(plan: dict, graph: str, inputs: dict, behaviour: Behaviour) ->
         act_id = next(counter)
         node = nodes[node_id]
         if node["kind"] != "interface":
-            emit(node_id, act_id, lineage, [dict(inputs_)], None, key)
+            frames = [dict(inputs_)]
+            if node["kind"] == "placeholder" and node["stream"]:  # a streaming entry: the list of its frames
+                ((name, values),) = inputs_.items()
+                frames = [{name: value} for value in values]
+            emit(node_id, act_id, lineage, frames, None if frames else "empty", key)
             return
         if node["session"]:
             session_runs.setdefault(node_id, []).append(key)

@@ -12,6 +12,7 @@ cdef class Activation:
     cdef public object resume
 
     cpdef object order_bound(self)
+    cpdef wake(self)
 
 cdef class Done:
     pass

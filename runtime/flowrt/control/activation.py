@@ -56,6 +56,12 @@ class Activation:
         self.sources: tuple = ()
         self.started = 0.0
 
+    def wake(self) -> None:
+        """Let it go on if it waits for its consumers (or the caller) to catch up (rule 13)."""
+        resume = self.resume
+        if resume is not None and not resume.done():
+            resume.set_result(None)
+
     def order_bound(self) -> tuple | None:
         """The smallest order key its frames still to come can have (None: no more frames).
         Only asked of activations of nodes that keep or extend keys (not `lb session` nodes)."""

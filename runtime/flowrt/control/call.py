@@ -3,12 +3,13 @@ completion and cancellation (DESIGN §4; docs/runtime.md gives the rules). Signa
 joins, what reaches the caller and order are its base class's (flowrt.control.delivery).
 
 A fired activation is only queued (`ready`), so the user's code never runs inside the state
-machine. Queued activations wait for the task whose
-step readied them and run in it one after another; when that task is about to suspend, the
-ones still waiting get tasks of their own (`_launch`), so nothing waits across an await and a
-role that never suspends costs no task (`_run`). On Python 3.12+ new tasks start eagerly. The
-call ends when its in-flight count reaches zero; then every table of the call is empty, which
-`statistics()` lets tests assert.
+machine. Queued activations wait for the task whose step readied them and run in it one after
+another; when that task is about to suspend, the ones still waiting get tasks of their own
+(`_launch`), so nothing waits across an await and a role that never suspends costs no task
+(`_run`). On Python 3.12+ new tasks start eagerly. The call ends when its in-flight count
+reaches zero; then every table of the call is empty, which `statistics()` lets tests assert. A
+streaming entry's placeholder node runs as an activation the caller feeds (`entry_frame`,
+`entry_end`; flowrt.control.inputs), so the call runs until the input ends.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from flowrt.control import program as _program
 from flowrt.control.activation import Activation, NoTimeout, Resume
 from flowrt.control.contract import bad_input, checked_frame, failure, log_failure, reported, second_frame, waiting_place
 from flowrt.control.delivery import Delivery
-from flowrt.control.program import Edge, NodeProgram
+from flowrt.control.program import NodeProgram
 from flowrt.control.sequencer import Sequencer
 from flowrt.control.signals import Reason
 
@@ -59,6 +60,8 @@ class Call(Delivery):
             if self.track_frames:
                 act.sources = ENTRY_FRAMES
             self.observer.call_started(self)
+        if self.program.entry_nodes:
+            self._open_entries(act)
         self._dispatch_frame(act, self.inputs, 0, None)  # frames are only read: the caller's copy will do
         self._activation_done(act.node, None)
         self._launch()
@@ -73,7 +76,7 @@ class Call(Delivery):
                 act.parent = None
                 parent.children -= 1
                 if parent.resume is not None and parent.children <= CHILDREN_HIGH // 2:
-                    _wake(parent)
+                    parent.wake()
             for reset in node.reset_counters:
                 self.alive[reset] -= 1
             if node.session:
@@ -183,6 +186,8 @@ class Call(Delivery):
         self.cancel_reason = reason
         for task in list(self.tasks):
             task.cancel()
+        while self.entries:  # the caller's streaming entries end with the call
+            self.entry_end(next(iter(self.entries)), CANCEL)
         if self.router is not None:  # every process holding a part of the call hears of it
             self.router.cancelled(self, reason)
 
@@ -359,18 +364,56 @@ class Call(Delivery):
                 finally:
                     self._finished(act)
                     self._act_ended(act, reason)
-                    if act.yielded == 0:
-                        self._dispatch_phantom(node, act.aid, act.roots, reason or EMPTY, (node.index, act.aid))
-                    if streams:
-                        self._end_streams(act, streams, reason)
-                    self.running_by_node[node.index] -= 1
-                    self.running -= 1
-                    self._activation_done(node, act)
+                    self._conclude(act, reason, streams)
                 if not self.ready:
                     return
                 act = self._next_ready()
         finally:
             self.tasks.discard(task)
+
+    def _conclude(self, act: Activation, reason: Reason | None, streams: dict | None) -> None:
+        """`act` ended (`reason` None: as it should): a phantom if it sent nothing, the end of the
+        stream slots its frames used, and what its end lets go."""
+        node = act.node
+        if act.yielded == 0:
+            self._dispatch_phantom(node, act.aid, act.roots, reason or EMPTY, (node.index, act.aid))
+        if streams:
+            self._end_streams(act, streams, reason)
+        self.running_by_node[node.index] -= 1
+        self.running -= 1
+        self._activation_done(node, act)
+
+    # ── streaming entries: their placeholder nodes run as activations the caller feeds ──
+
+    def _open_entries(self, start: Activation) -> None:
+        """Start each streaming entry's activation as the start frame's direct edge would (its
+        roots, the empty key), running until the input ends: nothing it feeds resolves before."""
+        roots = start.node.out_roots(start.aid, (), 0) if start.node.diamond_root else ()
+        self.entries = {}
+        for name, node in self.program.entry_nodes.items():
+            act = Activation(node, 0, self._aid(), {}, roots, ())
+            act.sources = start.sources
+            self.entries[name] = (act, {} if node.feeds_stream_slots else None)
+            self.in_flight += 1
+            self.running += 1
+            self.running_by_node[node.index] += 1
+            for reset in node.reset_counters:
+                self.alive[reset] += 1
+            for consumer in node.order_feeds:
+                heappush(self.order_heaps[consumer.index], (act.order_bound(), self._ticket(), act))
+
+    def entry_frame(self, name: str, value: Any) -> None:
+        """The caller sent a frame of open streaming entry `name`: a yield of its activation."""
+        act, streams = self.entries[name]
+        self._yielded(act, {name: value}, streams)
+        self._launch()
+
+    def entry_end(self, name: str, reason: Reason | None = None) -> None:
+        """Open streaming entry `name` ends: the caller ended it (None), or the call was cancelled."""
+        act, streams = self.entries.pop(name)
+        self._conclude(act, reason, streams)
+        act.wake()  # (a send waiting for room: there is no more input)
+        self._launch()
 
     def _next_ready(self) -> Activation:
         """The waiting activation to run next in this task: one whose role returns if there is
@@ -402,7 +445,8 @@ class Call(Delivery):
         if self.cancelled:  # the role caught the call's cancellation and went on yielding
             raise asyncio.CancelledError
         node = act.node
-        frame = _as_frame(frame, node)
+        if not node.plain(frame):  # (else the role contract's check: a copy, or RoleProtocolError)
+            frame = checked_frame(frame, node.id, node.out_fields)
         if act.yielded and not node.stream:
             raise second_frame(node.id)
         self.producer = act
@@ -417,7 +461,9 @@ class Call(Delivery):
     def _returned(self, act: Activation, frame: Any, streams: dict | None) -> None:
         """The role returned: dispatch its frame (None is none)."""
         if frame is not None:
-            self._dispatch_frame(act, _as_frame(frame, act.node), 0, streams)
+            if not act.node.plain(frame):
+                frame = checked_frame(frame, act.node.id, act.node.out_fields)
+            self._dispatch_frame(act, frame, 0, streams)
             act.yielded = 1
 
     async def _pause(self, act: Activation) -> None:
@@ -444,7 +490,7 @@ class Call(Delivery):
         if len(self.outbox) <= OUTBOX_HIGH // 2:
             waiters, self.outbox_waiters = self.outbox_waiters, []
             for act in waiters:
-                _wake(act)
+                act.wake()
 
     def _role_failed(self, act: Activation, error: BaseException, result: Any) -> None:
         """A role raised (or broke the role protocol): an error event with the place in the
@@ -473,7 +519,7 @@ class Call(Delivery):
                 self.sending, self.sending_from, self.sending_index = None, act.aid, yidx
             else:
                 self.sending = act.sources
-        roots = _out_roots(node, act.aid, act.roots, yidx) if node.diamond_root or (act.roots and node.carried) else ()
+        roots = node.out_roots(act.aid, act.roots, yidx) if node.diamond_root or (act.roots and node.carried) else ()
         order = self._out_order(node, act.order, yidx)
         shared = node.shared_outlets
         counted = None  # (where two edges reach one consumer: the outlets this frame counted on)
@@ -504,7 +550,7 @@ class Call(Delivery):
                     elif kind == JOIN:
                         self._join_arrived(edge.node, name, value)
                     else:
-                        key = _key(node, act.aid, edge, roots, yidx)
+                        key = edge.key(node, act.aid, roots, yidx)
                         self._arrive(edge, key, value, roots, order)
                         if kind == STREAM_SLOT and streams is not None:
                             opened = streams.get((edge, key))
@@ -512,7 +558,7 @@ class Call(Delivery):
                                 streams[(edge, key)] = (True, roots)
             else:
                 for edge in route.absent:
-                    key = _key(node, act.aid, edge, roots, yidx)
+                    key = edge.key(node, act.aid, roots, yidx)
                     if edge.kind == STREAM_SLOT:
                         if streams is not None and (edge, key) not in streams:
                             streams[(edge, key)] = (False, roots)
@@ -526,10 +572,10 @@ class Call(Delivery):
     def _dispatch_phantom(self, node: NodeProgram, aid: int, roots: tuple, reason: Reason, origin: tuple) -> None:
         """An activation (or group) that produced nothing: every edge learns it is unreachable.
         Absent frames have no order key: nothing waits for them (rule 7)."""
-        out_roots = _out_roots(node, aid, roots, 0)
+        out_roots = node.out_roots(aid, roots, 0)
         for route in node.routes:
             for edge in route.absent:
-                self._unreachable(edge, _key(node, aid, edge, out_roots, 0), out_roots, reason, origin)
+                self._unreachable(edge, edge.key(node, aid, out_roots, 0), out_roots, reason, origin)
 
     def _end_streams(self, act: Activation, streams: dict, reason: Reason | None) -> None:
         """The activation ended: close every stream slot its frames used, as an end of stream
@@ -542,17 +588,6 @@ class Call(Delivery):
                 self._unreachable(edge, key, roots, reason or EMPTY, (act.node.index, act.aid))
 
 
-def _out_roots(node: NodeProgram, aid: int, roots: tuple, yidx: int) -> tuple:
-    """The diamond-root entries frame `yidx` of activation `aid` of `node` carries."""
-    if not roots:
-        return ((node.index, aid, yidx),) if node.diamond_root else ()
-    carried = node.carried
-    out = tuple(e for e in roots if e[0] in carried and e[0] != node.index)
-    if node.diamond_root:
-        out += ((node.index, aid, yidx),)  # one entry per root: the newest frame (loops)
-    return out
-
-
 def _first_step(awaitable: Any) -> tuple[bool, Any]:
     """Run an awaitable's first step by hand: (True, its result) if it finished without
     suspending, else (False, what it waits on) for `await Resume(awaitable, that)`."""
@@ -561,33 +596,3 @@ def _first_step(awaitable: Any) -> tuple[bool, Any]:
     except StopIteration as finished:
         return True, finished.value
     return False, waiting
-
-
-def _key(node: NodeProgram, aid: int, edge: Edge, roots: tuple, yidx: int) -> tuple:
-    """Rule C: the diamond root's entry carried by the frame; Rule A: the sending frame."""
-    if edge.rule_c:
-        root = edge.root
-        for entry in roots:
-            if entry[0] == root:
-                return entry
-    return (node.index, aid, yidx)
-
-
-def _wake(act: Activation) -> None:
-    resume = act.resume
-    if resume is not None and not resume.done():
-        resume.set_result(None)
-
-
-def _as_frame(frame: object, node: NodeProgram) -> dict:
-    """A role's frame as dispatched: a plain dict of declared fields as it is (a plain loop,
-    which the compiled core runs in C; `all(...)` would build a generator per frame), anything
-    else through the role contract's check (a copy, or RoleProtocolError)."""
-    if type(frame) is dict:
-        fields = node.out_fields
-        for name in frame:
-            if name not in fields:
-                break
-        else:
-            return frame
-    return checked_frame(frame, node.id, node.out_fields)

@@ -18,7 +18,7 @@ cdef class Delivery:
     cdef public object runtime, inputs, session, outbox, waiter, end_waiters, loop, observer, router, aid_source
     cdef public tuple sending
     cdef public Py_ssize_t sending_from, sending_index
-    cdef public dict arrivals
+    cdef public dict arrivals, entries
     cdef public GraphProgram program
     cdef public str graph
     cdef public Py_ssize_t call_id, in_flight, running, phantoms, eager_depth, last_aid, tickets

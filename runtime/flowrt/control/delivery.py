@@ -93,6 +93,8 @@ class Delivery:
         self.cancel_reason = ""  # why it was cancelled: "timeout", "client gone", "shutdown"
         self.ended = False  # the `done` event is out; every table of the call is empty
         self.end_waiters: list[asyncio.Future] | None = None
+        # per streaming entry not yet ended: (the activation the caller feeds, its stream slots)
+        self.entries: dict[str, tuple] | None = None
         # order: per ordered stream, the frames that came early (a heap by key); per order
         # consumer, its work in flight (a heap by order bound, refreshed lazily); per session
         # node some consumer's keys restart at, how much work that can reach it is alive

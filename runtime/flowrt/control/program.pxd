@@ -1,5 +1,6 @@
 # Cython declarations for program.py (docs/runtime.md, "The compiled core"): the types the
 # compiled hot path reads at C speed. program.py stays the source; this file only adds types.
+cimport cython
 
 cdef class NodeProgram
 
@@ -20,6 +21,9 @@ cdef class Edge:
     cdef public Py_ssize_t slot, root, stream, index
     cdef public bint rule_c, ordered, returned
     cdef public Outlet outlet
+
+    @cython.locals(root=Py_ssize_t)
+    cdef tuple key(self, NodeProgram node, Py_ssize_t aid, tuple roots, Py_ssize_t yidx)
 
 cdef class Route:
     cdef public str field
@@ -50,11 +54,18 @@ cdef class NodeProgram:
     cdef public OrderConsumer consumer
     cdef public list methods
 
+    @cython.locals(fields=frozenset)
+    cdef bint plain(self, object frame) except -1
+    @cython.locals(index=Py_ssize_t)
+    cdef tuple out_roots(self, Py_ssize_t aid, tuple roots, Py_ssize_t yidx)
+
 cdef class GraphProgram:
     cdef public str name
     cdef public tuple nodes, edges, entry, streams, returns, joins, consumers, stream_consumers, resets
     cdef public dict by_id, _stream_index
     cdef public frozenset entry_set
+    cdef public tuple entry_stream
+    cdef public dict entry_nodes
     cdef public NodeProgram start
     cdef public object timeout
     cdef public Py_ssize_t calls_started

@@ -23,6 +23,10 @@ no work still in flight can send it one with a smaller key; `OrderConsumer` list
 can: the nodes whose activations and buckets reach it with their keys unchanged or extended
 (`heap_nodes`), and the nodes that give the frames reaching it new keys: `lb session` nodes
 (keys restart at their output counter) and joins (a join's activation has the empty key).
+
+A streaming entry (`placeholder stream`, the plan's `entry_stream`) is not in the start node's
+routes: its placeholder node (`entry_nodes`) runs as an activation that the caller feeds frame
+by frame (flowrt.control.call, `open_entries`; flowrt.control.inputs).
 """
 
 from __future__ import annotations
@@ -84,6 +88,17 @@ class Edge:
         self.returned = False  # for the caller: the field is also returned
         self.outlet: Outlet | None = None  # what counts the frames sent on it (set with the node's routes)
         self.index = -1  # its place in GraphProgram.edges: how another process names it (flowrt.control.shards)
+
+    def key(self, node: NodeProgram, aid: int, roots: tuple, yidx: int) -> tuple:
+        """The key of the bucket a frame (frame `yidx` of activation `aid` of `node`, carrying
+        `roots`) opens or fills at this edge's end. Rule C: the entry of the diamond root the
+        frame carries; Rule A: the sending frame."""
+        if self.rule_c:
+            root = self.root
+            for entry in roots:
+                if entry[0] == root:
+                    return entry
+        return (node.index, aid, yidx)
 
 
 class Route:
@@ -206,6 +221,30 @@ class NodeProgram:
         self.duration_counts: list[int] | None = None
         self.duration_sum = 0.0
 
+    def plain(self, frame: object) -> bool:
+        """Whether a frame of this node's role is a plain dict of its declared out fields, which
+        is dispatched as it is (a plain loop, which the compiled core runs in C: `all(...)` would
+        build a generator per frame)."""
+        if type(frame) is not dict:
+            return False
+        fields = self.out_fields
+        for name in frame:  # noqa: SIM110 - (the docstring: no generator)
+            if name not in fields:
+                return False
+        return True
+
+    def out_roots(self, aid: int, roots: tuple, yidx: int) -> tuple:
+        """The diamond-root entries frame `yidx` of activation `aid` of this node carries, when
+        the frames that activated it carried `roots`."""
+        if not roots:
+            return ((self.index, aid, yidx),) if self.diamond_root else ()
+        carried = self.carried
+        index = self.index
+        out = tuple(e for e in roots if e[0] in carried and e[0] != index)
+        if self.diamond_root:
+            out += ((index, aid, yidx),)  # one entry per root: the newest frame (loops)
+        return out
+
     def __repr__(self) -> str:
         return f"<node {self.id}>"
 
@@ -219,6 +258,8 @@ class GraphProgram:
         "start",
         "entry",
         "entry_set",
+        "entry_stream",
+        "entry_nodes",
         "streams",
         "returns",
         "timeout",
@@ -244,6 +285,8 @@ class GraphProgram:
         self.start = self.by_id[plan["start"]]
         self.entry = tuple(plan["entry"])
         self.entry_set = frozenset(self.entry)
+        self.entry_stream: tuple[str, ...] = tuple(plan.get("entry_stream", ()))  # entries whose frames the caller sends
+        self.entry_nodes = _entry_nodes(self.entry_stream, tables[self.start.id], self.by_id)
         outputs = plan["outputs"]
         self.streams = tuple((o["field"], o["ordered"]) for o in outputs if o["kind"] == "stream")
         self.returns = tuple(o["field"] for o in outputs if o["kind"] == "return")
@@ -273,7 +316,9 @@ class GraphProgram:
                 )
         for node in self.nodes:
             node.routes = tuple(
-                Route(name, self._edges(name, targets, tables)) for name, targets in tables[node.id].control.items()
+                Route(name, self._edges(name, targets, tables))
+                for name, targets in tables[node.id].control.items()
+                if node is not self.start or name not in self.entry_nodes  # (fed by the caller: `entry_nodes`)
             )
             node.feeds_stream_slots = any(e.kind == STREAM_SLOT for route in node.routes for e in route.edges)
             _outlets(node)
@@ -380,6 +425,19 @@ class GraphProgram:
         self.consumers = tuple(consumers)
         self.stream_consumers = tuple(stream_consumers)
         self.resets = tuple(resets)
+
+
+def _entry_nodes(names: tuple[str, ...], start: NodeTables, by_id: dict[str, NodeProgram]) -> dict[str, NodeProgram]:
+    """The placeholder node each streaming entry feeds (the start node's one target for it, a
+    streaming placeholder); an entry nothing consumes has none. ValueError for any other shape."""
+    nodes: dict[str, NodeProgram] = {}
+    for name in names:
+        fed = [by_id[target.node] for target in start.control.get(name, ())]
+        if len(fed) > 1 or any(node.interface or not node.stream for node in fed):
+            raise ValueError(f"streaming entry `{name}` must feed one streaming placeholder node, not {fed}")
+        if fed:
+            nodes[name] = fed[0]
+    return nodes
 
 
 def _outlets(node: NodeProgram) -> None:

@@ -14,6 +14,9 @@ reports `statistics()` so tests can assert that nothing outlives its call.
 
 `observer` (None, or hooks from flowrt.observe: metrics, say) hears of every call and
 activation; a call may name its own instead (`call(..., observer=)`: a trace of that call).
+
+A graph with streaming entries takes their frames while it runs: `start` gives a handle that
+sends them and yields the events (flowrt.control.inputs); `call` takes each one's frames as a list.
 """
 
 from __future__ import annotations
@@ -29,19 +32,30 @@ from pathlib import Path
 from typing import Any
 
 from flowrt import options
-from flowrt.bundle import Bundle, BundleError, load_bundle
+from flowrt.bundle import Bundle, BundleError, load_bundle, refuse_streaming_entries
 from flowrt.control import impls
 from flowrt.control.call import Call
+from flowrt.control.inputs import CallHandle, fed_events, frames_of
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context, RoleBinding
 from flowrt.control.sessions import PREFIX_SCOPE, SCOPE_KEY, GCScheduler, SessionStore, anonymous_session, reserved
 from flowrt.control.threads import ReplicaThread, streams
 from flowrt.entry_types import EntryTypeError, checker
-from flowrt.errors import BadInputs, BadTimeout, FlowrtError, RoleError, UnknownGraph, place
+from flowrt.errors import BadInputs, BadTimeout, FlowrtError, InputClosed, RoleError, UnknownGraph, place
 from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 from flowrt.tables import RoleSpec, node_tables
 
-__all__ = ["BadInputs", "BadTimeout", "FlowrtError", "GCScheduler", "RoleError", "Runtime", "UnknownGraph"]
+__all__ = [
+    "BadInputs",
+    "BadTimeout",
+    "CallHandle",
+    "FlowrtError",
+    "GCScheduler",
+    "InputClosed",
+    "RoleError",
+    "Runtime",
+    "UnknownGraph",
+]
 
 
 class Runtime:
@@ -142,6 +156,11 @@ class Runtime:
         for binding in self.bindings.values():
             binding.close()
 
+    def refuse_streaming_entries(self, how: str) -> None:
+        """BundleError naming each graph with a streaming entry, whose frames only this
+        process's calls (`start`, `call`) take: not yet a bundle run `how` (served over HTTP, say)."""
+        refuse_streaming_entries(self.bundle, how)
+
     def cancel_all(self, reason: str) -> None:
         """Cancel every call in flight; their `done` events say `reason`."""
         for call in list(self.calls):
@@ -231,8 +250,17 @@ class Runtime:
     ) -> AsyncIterator[dict]:
         """Call a graph; yields its events (stream, return, done) as dicts. Bad inputs raise
         UnknownGraph, BadInputs (a session that is not a str too) or BadTimeout at the first step. `observer` (flowrt.observe)
-        hears of this call instead of the runtime's `observer`."""
+        hears of this call instead of the runtime's `observer`. A streaming entry's value is the
+        list of its frames, sent while the call runs, then ended (`start` sends them one by one)."""
         program, inputs, deadline = self._prepare(graph, inputs, timeout)
+        if program.entry_stream:
+            events = fed_events(self, program, inputs, session, deadline, observer)
+            try:
+                async for event in events:
+                    yield event
+            finally:
+                await events.aclose()
+            return
         call, watchdog, anonymous = await self._admit(program, inputs, session, deadline, observer)
         try:
             call.start()
@@ -262,7 +290,34 @@ class Runtime:
         """Like `call`, but bad inputs raise here, at once, and the events come in lists: all
         the events ready when the caller asks, so a server can write them at once."""
         program, inputs, deadline = self._prepare(graph, inputs, timeout)
+        if program.entry_stream:
+            raise BadInputs(
+                f"graph `{graph}` has streaming entries ({', '.join(program.entry_stream)}): call it with `call` "
+                "(each one's frames as a list) or `start` (sent one by one)"
+            )
         return self._batches(program, inputs, session, deadline, observer)
+
+    def start(
+        self,
+        graph: str,
+        inputs: dict[str, Any],
+        session: str | None = None,
+        timeout: float | None = None,
+        observer: Any = None,
+    ) -> CallHandle:
+        """Start a call whose streaming entries' frames the caller sends while it runs:
+        `inputs` gives the other entries; the handle sends (`await h.send(field, value)`), ends
+        (`await h.end(field)`), yields the events (`async for event in h`) and cancels
+        (`await h.cancel()`); flowrt.control.inputs. The call is admitted when the handle is
+        first used. UnknownGraph, BadInputs or BadTimeout at once."""
+        program, checked = self.check_inputs(graph, inputs, fed=True)
+        deadline = self._deadline(program, timeout)
+        self._check_session(program, session)
+        if self.shards is not None and program.entry_stream:
+            raise FlowrtError(
+                f"graph `{graph}`: streaming entries do not run on calls spread over processes yet; unset FLOWRT_CONTROL"
+            )
+        return CallHandle(self, program, checked, session, deadline, observer)
 
     async def _batches(
         self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None, observer: Any
@@ -291,29 +346,36 @@ class Runtime:
 
     def _prepare(self, graph: str, inputs: dict[str, Any], timeout: float | None) -> tuple[GraphProgram, dict, float | None]:
         program, checked = self.check_inputs(graph, inputs)
+        return program, checked, self._deadline(program, timeout)
+
+    def _deadline(self, program: GraphProgram, timeout: float | None) -> float | None:
         if timeout is None:
-            return program, checked, program.timeout
+            return program.timeout
         try:
-            return program, checked, options.timeout_seconds(timeout)
+            return options.timeout_seconds(timeout)
         except ValueError as error:
             raise BadTimeout(f"timeout: {error}") from None
+
+    def _check_session(self, program: GraphProgram, session: str | None) -> None:
+        """BadInputs for a session that is not a str, or that no caller may name."""
+        if session is not None and type(session) is not str:
+            raise BadInputs(
+                f"graph `{program.name}`: session must be a str (or None: a session of the call's own), "
+                f"not {type(session).__name__} {session!r:.60}; pass str(session) to use it as one"
+            )
+        if session is not None and reserved(session):
+            raise BadInputs(f"graph `{program.name}`: {reserved(session)}")
 
     async def _admit(
         self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None, observer: Any = None
     ) -> tuple[Call, asyncio.TimerHandle | None, bool]:
         """Wait for the session's turn; the call (not started), its watchdog, and whether its
         session is its own. A session that is not a str is BadInputs."""
-        if session is not None and type(session) is not str:
-            raise BadInputs(
-                f"graph `{program.name}`: session must be a str (or None: a session of the call's own), "
-                f"not {type(session).__name__} {session!r:.60}; pass str(session) to use it as one"
-            )
+        self._check_session(program, session)
         call_id = next(self.call_ids)
         if session is None:
             session = anonymous_session()  # its own session: unguessable, and no caller can name it
             anonymous = True
-        elif reserved(session):
-            raise BadInputs(f"graph `{program.name}`: {reserved(session)}")
         else:
             anonymous = False
             self.sessions.busy(session)
@@ -391,15 +453,21 @@ class Runtime:
         else:
             self.sessions.rest(session)
 
-    def check_inputs(self, graph: str, inputs: dict[str, Any]) -> tuple[GraphProgram, dict[str, Any]]:
+    def check_inputs(self, graph: str, inputs: dict[str, Any], fed: bool = False) -> tuple[GraphProgram, dict[str, Any]]:
         """The program of `graph` and the inputs as its roles get them (a base64 string for a
-        `Bytes` placeholder becomes bytes); UnknownGraph or BadInputs saying why not."""
-        program = self.validate(graph, inputs, types=False)
+        `Bytes` placeholder becomes bytes); UnknownGraph or BadInputs saying why not. A streaming
+        entry's value is the list of its frames; `fed`: the inputs of `start`, without them."""
+        program = self.validate(graph, inputs, types=False, fed=fed)
         checks = self.entry_checks.get(graph)
-        if not checks:
+        streaming = program.entry_stream
+        if not checks and (fed or not streaming):
             return program, inputs
         checked = dict(inputs)
-        for name, check in checks.items():
+        for name in () if fed else streaming:
+            checked[name] = frames_of(self, program, name, inputs[name])
+        for name, check in (checks or {}).items():
+            if name in streaming:
+                continue  # (its frames: checked above, or as they are sent)
             try:
                 checked[name] = check(inputs[name])
             except EntryTypeError as error:
@@ -410,27 +478,33 @@ class Runtime:
                 raise BadInputs(f"graph `{graph}`: entry `{name}` is nested too deeply to check") from None
         return program, checked
 
-    def validate(self, graph: str, inputs: dict[str, Any], types: bool = True) -> GraphProgram:
-        """The program of `graph` if `inputs` can call it; else UnknownGraph or BadInputs saying why."""
+    def validate(self, graph: str, inputs: dict[str, Any], types: bool = True, fed: bool = False) -> GraphProgram:
+        """The program of `graph` if `inputs` can call it (`fed`: start it, its streaming entries
+        sent later); else UnknownGraph or BadInputs saying why."""
         program = self.programs.get(graph)
         if program is None:
             raise UnknownGraph(f"no graph `{graph}` in bundle `{self.bundle.name}`; it has {', '.join(self.programs)}")
-        if isinstance(inputs, dict) and inputs.keys() == program.entry_set:
+        entry = (
+            program.entry
+            if not (fed and program.entry_stream)
+            else tuple(e for e in program.entry if e not in program.entry_stream)
+        )
+        if isinstance(inputs, dict) and inputs.keys() == (program.entry_set if entry is program.entry else set(entry)):
             if types and self.entry_checks.get(graph):
-                self.check_inputs(graph, inputs)
+                self.check_inputs(graph, inputs, fed)
             return program
         if not isinstance(inputs, Mapping):
-            raise BadInputs(
-                f"graph `{graph}` takes an object mapping {', '.join(program.entry)} to values, not {type(inputs).__name__}"
-            )
-        missing = [e for e in program.entry if e not in inputs]
-        extra = [k for k in inputs if k not in program.entry]
+            raise BadInputs(f"graph `{graph}` takes an object mapping {', '.join(entry)} to values, not {type(inputs).__name__}")
+        missing = [e for e in entry if e not in inputs]
+        extra = [k for k in inputs if k not in entry]
         guesses = [f"`{k}` for `{close[0]}`" for k in extra if (close := get_close_matches(str(k), missing, n=1))]
+        sent = [f"`{k}`" for k in extra if fed and k in program.entry_stream]
         raise BadInputs(
-            f"graph `{graph}` takes {', '.join(program.entry)}"
+            f"graph `{graph}` takes {', '.join(entry) or 'no entry value'}"
             + (f"; missing {', '.join(missing)}" if missing else "")
             + (f"; unexpected {', '.join(map(str, extra))}" if extra else "")
             + (f" (did you write {', '.join(guesses)}?)" if guesses else "")
+            + (f" ({', '.join(sent)} streams: send its frames with `call.send`, then `call.end`)" if sent else "")
         )
 
     async def wait_idle(self) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowrt.bundle import load_bundle
+from flowrt.bundle import load_bundle, refuse_streaming_entries
 from flowrt.control import Runtime
 from flowrt.deploy import kvpools
 from flowrt.deploy.local import DeployError, LocalSupervisor
@@ -163,6 +163,7 @@ async def _open(
             progress("ready", role, replica)
         return Deployment(kind, runtime, memory=memory)
     bundle = load_bundle(Path(path))
+    refuse_streaming_entries(bundle, f"--deploy {kind}")  # (replica processes take no entry's frames yet)
     _say_left_out(bundle)
     if kind == "ray":
         from flowrt.deploy.ray import RaySupervisor

@@ -377,6 +377,7 @@ def application(
     `gather` (flowrt.deploy.observed) adds the deployment's own metrics to /metrics; `front`:
     keys, limits and timeouts (none by default). flowrt.deploy.serving installs `app[HEADERS]`
     on the server's connections and drains `app[ADMISSION]` on SIGTERM."""
+    runtime.refuse_streaming_entries("served over HTTP")  # (no request carries an entry's frames yet)
     max_body = int(max_body_mb * 2**20)
     front = front or FrontDoor()
     headers = HeaderDeadline(front.header_timeout)
