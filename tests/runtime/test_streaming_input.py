@@ -263,6 +263,9 @@ def test_cancelling_mid_input_frees_everything(tmp_path, how):
             assert runtime.statistics()["held_for_order"] == 1
             if how == "cancel":
                 await call.cancel()
+                assert_clean(runtime)
+                end = done([event async for event in call])  # its events stay readable, to its `done`
+                assert (end["status"], end["reason"]) == ("cancelled", "client gone")
             elif how == "aclose":
                 await call.aclose()
             else:
