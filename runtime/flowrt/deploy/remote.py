@@ -64,9 +64,8 @@ class Pending:
         self.act = act
         self.link = link
         self.frames: deque = deque()
-        self.outcome: tuple | None = (
-            None  # ("return", frame, changes) | ("failed", message, where, changes[, bad_input]) | ("cancelled", where)
-        )
+        # ("return", frame, changes) | ("failed", message, where, changes[, bad_input]) | ("cancelled", where)
+        self.outcome: tuple | None = None
         self.waiter: asyncio.Future | None = None
         self.taken = 0
         self.uses = uses
@@ -486,9 +485,8 @@ class RemoteBinding(RoleBinding):
         self.waited: dict[int, int] = {}  # such a ticket -> the replica chosen once one came up
 
     def busy_replicas(self) -> int:  # (calls spread over the replicas: as their heartbeats last said)
-        if self.remote.spread:
-            return sum(1 for (name, _), link in self.remote.links.items() if name == self.name and link.record.running)
-        return super().busy_replicas()
+        running = [link.record.running for (name, _), link in self.remote.links.items() if name == self.name]
+        return sum(map(bool, running)) if self.remote.spread else super().busy_replicas()
 
     def replica(self, session: str) -> int:
         """The replica to run an activation, among those up (there is one: see `begin`)."""
