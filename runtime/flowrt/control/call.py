@@ -467,13 +467,15 @@ class Call(Delivery):
             act.yielded = 1
 
     async def _pause(self, act: Activation) -> None:
-        """Between two frames of a streaming activation: wait while the caller or the
-        activations its frames readied are behind (rule 13), else give the loop one turn."""
+        """Between two frames of a streaming activation (a role's, or a streaming entry's that
+        the caller sends, flowrt.control.inputs): wait while the caller or the activations its
+        frames readied are behind (rule 13), else give the loop one turn; an entry's wait ends
+        when its input does (the call was cancelled)."""
         act.pause = False
         if asyncio.current_task().cancelling():  # a timeout or cancel the role caught and went on from
             raise asyncio.CancelledError
         waited = False
-        while len(self.outbox) >= OUTBOX_HIGH or act.children >= CHILDREN_HIGH:
+        while not act.finished and (len(self.outbox) >= OUTBOX_HIGH or act.children >= CHILDREN_HIGH):
             if len(self.outbox) >= OUTBOX_HIGH and act not in self.outbox_waiters:
                 self.outbox_waiters.append(act)
             act.resume = self.loop.create_future()

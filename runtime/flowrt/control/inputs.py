@@ -31,7 +31,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from flowrt.control import bounds
 from flowrt.entry_types import EntryTypeError
 from flowrt.errors import BadInputs, InputClosed
 
@@ -89,7 +88,7 @@ class CallHandle:
         async with self._lock(field):
             act = self._open(call, field)
             if act is not None and act.pause:
-                await _room(call, act)
+                await call._pause(act)  # (rule 13, as between a streaming role's frames)
                 act = self._open(call, field)  # (the call may have been cancelled meanwhile)
             if act is not None:
                 call.entry_frame(field, value)
@@ -212,25 +211,6 @@ class CallHandle:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-async def _room(call: Call, act: Activation) -> None:
-    """Before the next frame of a streaming entry, what `Call._pause` does between a streaming
-    role's frames (rule 13): wait while its consumers or the caller are behind, else give the
-    loop one turn; the wait ends early when the input ends (the call was cancelled)."""
-    act.pause = False
-    waited = False
-    while not act.finished and (len(call.outbox) >= bounds.OUTBOX_HIGH or act.children >= bounds.CHILDREN_HIGH):
-        if len(call.outbox) >= bounds.OUTBOX_HIGH and act not in call.outbox_waiters:
-            call.outbox_waiters.append(act)
-        act.resume = call.loop.create_future()
-        try:
-            await act.resume
-        finally:
-            act.resume = None
-        waited = True
-    if not waited:
-        await asyncio.sleep(0)
 
 
 def _retrieved(admission: asyncio.Future) -> None:
