@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 
 from flowrt.errors import FlowrtError
-from flowrt.tables import RoleSpec, TableError, entry_stream
+from flowrt.tables import RoleSpec, TableError, entry_stream, interruptible
 
 
 class BundleError(FlowrtError):
@@ -74,6 +74,7 @@ def load_bundle(path: Path) -> Bundle:
         plan = _assemble_plan(graphs, roles)
         for graph_name, graph in plan["graphs"].items():
             entry_stream(graph_name, graph)  # (malformed: a TableError)
+            interruptible(graph_name, graph)
     except MALFORMED as error:
         raise BundleError(
             f"{path / 'graphs.py'} is malformed ({_reason(error)}); rebuild the bundle with `flowc build`"
@@ -83,20 +84,24 @@ def load_bundle(path: Path) -> Bundle:
     return Bundle(path=path, name=name, manifest=manifest, plan=plan, roles=reached, unreached=unreached)
 
 
-def refuse_streaming_entries(bundle: Bundle, how: str) -> None:
-    """A graph with a streaming entry (`placeholder stream`) takes its frames from a call in this
-    process (`Runtime.start`, `call.send`; docs/runtime.md, "Streaming input"), which a bundle
-    run `how` (`--deploy local`, served over HTTP, ...) cannot make yet: a BundleError in one
-    line naming each such graph and entry and what to do, rather than a call that never ends."""
+def refuse_streaming_entries(bundle: Bundle, how: str, fix: str | None = None) -> None:
+    """A graph with a streaming entry (`placeholder stream`) takes its frames from a caller of
+    the runtime that runs the call's control (`Runtime.start`, `call.send`; docs/runtime.md,
+    "Streaming input"), which a bundle run `how` (calls spread over the replica processes, ...)
+    cannot do yet: a BundleError in one line naming each such graph and entry and `fix` (by
+    default: call the graph in process), rather than a call that never ends."""
     found = [(name, entry_stream(name, graph)) for name, graph in sorted(bundle.plan["graphs"].items())]
     found = [(name, names) for name, names in found if names]
     if not found:
         return
     graphs = "; ".join(f"graph `{graph}` streams {', '.join(f'`{n}`' for n in names)}" for graph, names in found)
+    fix = fix or (
+        "call the graph in process instead (`flowc run --once` with the list of its frames as the entry's "
+        "value, or `runtime.start(...)` and `await call.send(...)` from Python)"
+    )
     raise BundleError(
-        f"{bundle.path}: {graphs}: a streaming entry takes its frames only from a call in this process for now, "
-        f"not {how}; call the graph in process instead (`flowc run --once` with the list of its frames as the entry's "
-        "value, or `runtime.start(...)` and `await call.send(...)` from Python), or declare the placeholder without `stream`"
+        f"{bundle.path}: {graphs}: a streaming entry cannot take its frames {how} yet; {fix}, "
+        "or declare the placeholder without `stream`"
     )
 
 

@@ -17,16 +17,25 @@ globals().update(roles_for({spec!r}, {behaviour!r}, {log!r}, {seed!r}))
 """
 
 
+HAND_ROLES = 4  # the roles r0..r3 a hand-written program may have (`spec` None)
+
+
 def behaviour_named(name: str, spec):
+    """The behaviour a test names: `session_chain`, `spec` (the spec's own), or `hand:r1,r2`
+    (the streaming tests' hand-written topologies, those roles streaming)."""
     from tests.runtime import test_against_reference as t
 
+    if name.startswith("hand:"):
+        from tests.runtime.test_streaming_reference import hand_behaviour
+
+        return hand_behaviour({role for role in name[len("hand:") :].split(",") if role})
     return t.session_chain if name == "session_chain" else t.behaviour_for(spec)
 
 
-def roles_for(fields: dict, behaviour_name: str, log_path: str, seed: int) -> dict:
+def roles_for(fields: dict | None, behaviour_name: str, log_path: str, seed: int) -> dict:
     from tests.runtime.test_against_reference import Spec
 
-    spec = Spec(**fields)
+    spec = Spec(**fields) if fields is not None else None
     behaviour = behaviour_named(behaviour_name, spec)
 
     def role(node: str):
@@ -45,13 +54,19 @@ def roles_for(fields: dict, behaviour_name: str, log_path: str, seed: int) -> di
 
         return Role
 
-    classes = {f"R{i}": role(f"r{i}.run") for i in range(len(spec.outputs))}
+    count = len(spec.outputs) if spec is not None else HAND_ROLES
+    classes = {f"R{i}": role(f"r{i}.run") for i in range(count)}
     classes["Gather"] = role("gather.run")
     return classes
 
 
-def run_deployed(spec, behaviour, text: str, seed: int, tmp_path, deploy: str) -> tuple[list[dict], list]:
-    """Run the program under `deploy`: (its events, the activations the replicas logged)."""
+def run_deployed(
+    spec, behaviour, text: str, seed: int, tmp_path, deploy: str, drive=None, behaviour_name: str | None = None
+) -> tuple[list[dict], list]:
+    """Run the program under `deploy`: (its events, the activations the replicas logged).
+    `drive(runtime)` makes the call (by default with the reference tests' request);
+    `behaviour_name` names the behaviour for the replica processes (`behaviour_named`) where
+    it is not the spec's own or `session_chain`."""
     import ast
     import asyncio
     import dataclasses
@@ -61,14 +76,16 @@ def run_deployed(spec, behaviour, text: str, seed: int, tmp_path, deploy: str) -
     from tests.runtime import test_against_reference as t
     from tests.runtime.harness import bundle_of
 
-    name = "session_chain" if behaviour is t.session_chain else "spec"
+    name = behaviour_name or ("session_chain" if behaviour is t.session_chain else "spec")
+    fields = dataclasses.asdict(spec) if spec is not None else None
     log_path = tmp_path / f"activations-{uuid.uuid4().hex[:8]}.log"
-    (tmp_path / "m.py").write_text(TEMPLATE.format(spec=dataclasses.asdict(spec), behaviour=name, log=str(log_path), seed=seed))
+    (tmp_path / "m.py").write_text(TEMPLATE.format(spec=fields, behaviour=name, log=str(log_path), seed=seed))
     bundle = bundle_of(text, tmp_path)
 
     async def main():
         async with deployed(bundle, deploy) as deployment:
-            events = await asyncio.wait_for(calls(deployment.runtime, "g", {"request": t.REQUEST}), 20)
+            making = drive(deployment.runtime) if drive is not None else calls(deployment.runtime, "g", {"request": t.REQUEST})
+            events = await asyncio.wait_for(making, 20)
             await assert_clean_everywhere(deployment)
         return events
 

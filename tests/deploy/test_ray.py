@@ -130,6 +130,29 @@ def test_with_the_control_spread_over_the_actors_frames_go_actor_to_actor(cluste
     asyncio.run(main())
 
 
+def test_a_streaming_entry_feeds_actors_frame_by_frame(cluster, tmp_path):
+    # the gateway's control core takes the entry's frames and sends each to a listener actor
+    from tests.deploy.test_streaming_local import FLOW as STREAMING
+    from tests.deploy.test_streaming_local import ROLES as LISTENING
+
+    bundle = bundle_with_roles(STREAMING, LISTENING, tmp_path)
+
+    async def main():
+        async with deployed(bundle, "ray") as deployment:
+            call = deployment.runtime.start("g", {}, session="s1")
+            async with call:
+                for chunk in ("one two", "three"):
+                    await call.send("audio_in", chunk)
+                await call.end("audio_in")
+                events = [event async for event in call]
+            await assert_clean_everywhere(deployment)
+        return events
+
+    events = asyncio.run(main())
+    assert [e["value"] for e in events if e["event"] == "stream"] == ["one", "two", "three"]
+    assert [e["value"] for e in events if e["event"] == "return"] == ["one two | three"]
+
+
 TENSORS = """
 placeholder request: Json
 

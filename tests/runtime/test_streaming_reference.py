@@ -95,8 +95,23 @@ async def drive(runtime, frames: list, rng: random.Random, mode: str, given: dic
     return events
 
 
-def compare(text: str, behaviour, roles: dict[str, int], frames: list, seed: int, tmp_path, mode: str, given=None, ordered=()):
-    """Run `text` (graph `g`, streaming entry `request`) on flowrt and on the reference, and compare."""
+def compare(
+    text: str,
+    behaviour,
+    roles: dict[str, int],
+    frames: list,
+    seed: int,
+    tmp_path,
+    mode: str,
+    given=None,
+    ordered=(),
+    deploy: str = "inproc",
+    spec: Spec | None = None,
+    behaviour_name: str | None = None,
+):
+    """Run `text` (graph `g`, streaming entry `request`) on flowrt and on the reference, and
+    compare. `deploy` "local": the roles in replica processes (tests.deploy.reference_roles,
+    which builds them from `spec`, or from `behaviour_name` for a hand-written program)."""
     result = check_source(text, "streaming.flow")
     require(result.ok)
     plan = build_plan(result.program).as_json()
@@ -116,7 +131,15 @@ def compare(text: str, behaviour, roles: dict[str, int], frames: list, seed: int
             await runtime.close()
         return events, log
 
-    events, log = asyncio.run(flowrt_run())
+    if deploy == "inproc":
+        events, log = asyncio.run(flowrt_run())
+    else:
+        from tests.deploy.reference_roles import run_deployed
+
+        def deployed_drive(runtime):
+            return drive(runtime, frames, random.Random(seed), mode, given)
+
+        events, log = run_deployed(spec, behaviour, text, seed, tmp_path, deploy, deployed_drive, behaviour_name)
     event(f"frames: {min(len(frames), 6)}{'+' if len(frames) > 6 else ''}; mode: {mode}")
     event(f"status: {done(events)['status']}")
     assert normalize(log) == normalize(expected.activations)
@@ -143,14 +166,15 @@ def compare(text: str, behaviour, roles: dict[str, int], frames: list, seed: int
     assert end["status"] == ("error" if expected.errors and (expected.errored_outputs or missing) else "ok")
 
 
-def check_spec(spec: Spec, frames: list, seed: int, tmp_path, mode: str) -> None:
+def check_spec(spec: Spec, frames: list, seed: int, tmp_path, mode: str, deploy: str = "inproc") -> None:
     if spec.ordered is None:
         streamed = sorted({f for outs in spec.outputs for f in outs})
         spec.ordered = tuple(f for f in streamed if zlib.crc32(f"{seed}{f}".encode()) % 3)
     roles = {f"r{i}": spec.replicas[i] for i in range(len(spec.outputs))} | ({"gather": 1} if spec.join else {})
     given = {"voice": VOICE} if uses_voice(spec) else None
     event(f"a second entry: {given is not None}")
-    compare(streaming_text(spec), behaviour_for(spec), roles, frames, seed, tmp_path, mode, given=given, ordered=spec.ordered)
+    text = streaming_text(spec)
+    compare(text, behaviour_for(spec), roles, frames, seed, tmp_path, mode, given, spec.ordered, deploy, spec)
 
 
 @st.composite
@@ -299,12 +323,17 @@ HAND = {  # text, replicas, the entry given when the call starts, streaming role
 }
 
 
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", sorted(HAND))
-def test_hand_written_topologies_match_the_reference_for_random_chunkings(name, mode, seed, tmp_path):
+def check_hand(name: str, mode: str, seed: int, tmp_path, deploy: str = "inproc") -> None:
     text, roles, given, streaming, ordered = HAND[name]
     rng = random.Random(seed)
     frames = chunked([rng.randint(0, len(ITEMS)) for _ in range(rng.randint(0, 8))]) if seed else []
     behaviour = hand_behaviour(streaming)
-    compare(text, behaviour, roles, frames, seed, tmp_path, mode, given=copy.deepcopy(given), ordered=ordered)
+    named = "hand:" + ",".join(sorted(streaming))
+    compare(text, behaviour, roles, frames, seed, tmp_path, mode, copy.deepcopy(given), ordered, deploy, None, named)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", sorted(HAND))
+def test_hand_written_topologies_match_the_reference_for_random_chunkings(name, mode, seed, tmp_path):
+    check_hand(name, mode, seed, tmp_path)

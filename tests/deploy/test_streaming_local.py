@@ -1,0 +1,137 @@
+"""Streaming entries (`placeholder stream`) under `--deploy local`: the gateway process feeds
+the entry's frames to the call's control core, whose consumers run in replica processes. The
+events equal the reference interpreter's for random chunkings (random programs and the
+hand-written topologies of the in-process test, both ways of sending: `start` and `call`); a
+call cancelled mid-input frees everything in every process; and the shard control, which
+cannot take an entry's frames yet, is refused in one line before a process starts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowrt.bundle import BundleError
+from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
+from tests.runtime.test_against_reference import SETTINGS
+from tests.runtime.test_streaming_reference import MODES, check_hand, check_spec, chunkings, streaming_specs
+
+LOCAL = settings(SETTINGS, max_examples=3)  # (each example starts a process per replica)
+
+
+@LOCAL
+@given(spec=streaming_specs(back_edges=False), frames=chunkings(), seed=st.integers(0, 2**16), mode=st.sampled_from(MODES))
+def test_random_dags_with_a_streaming_entry_match_the_reference_under_local(spec, frames, seed, mode, tmp_path):
+    check_spec(spec, frames, seed, tmp_path, mode, deploy="local")
+
+
+@pytest.mark.parametrize(("name", "mode", "seed"), [("chain", "start", 1), ("duplex", "call", 3)])
+def test_hand_written_topologies_match_the_reference_under_local(name, mode, seed, tmp_path):
+    check_hand(name, mode, seed, tmp_path, deploy="local")
+
+
+FLOW = """
+placeholder stream audio_in: Text
+
+role listener {
+    impl "roles:Listener"
+    replicas 2
+    interface hear { in audio_in  out stream heard: Text }
+}
+
+role recorder {
+    impl "roles:Recorder"
+    interface keep { join { audio_in: all }  out recording: Text }
+}
+
+graph g {
+    entry  audio_in
+    stream heard ordered
+    return recording
+}
+"""
+
+ROLES = """
+class Listener:
+    async def hear(self, ctx, audio_in):
+        for word in audio_in.split():
+            yield {"heard": word}
+
+
+class Recorder:
+    async def keep(self, ctx, audio_in):
+        return {"recording": " | ".join(audio_in)}
+"""
+
+
+def test_frames_sent_one_by_one_reach_replica_processes_in_order(tmp_path):
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+
+    async def main():
+        async with deployed(bundle) as deployment:
+            call = deployment.runtime.start("g", {}, session="s1")
+            reading = asyncio.ensure_future(_events(call))
+            for chunk in ("one two", "three", "", "four five six"):
+                await call.send("audio_in", chunk)
+            await call.end("audio_in")
+            events = await asyncio.wait_for(reading, 20)
+            await assert_clean_everywhere(deployment)
+        return events
+
+    events = asyncio.run(main())
+    assert [e["value"] for e in events if e["event"] == "stream"] == ["one", "two", "three", "four", "five", "six"]
+    assert [e["value"] for e in events if e["event"] == "return"] == ["one two | three |  | four five six"]
+    assert events[-1]["status"] == "ok"
+
+
+def test_a_call_cancelled_mid_input_frees_everything_in_every_process(tmp_path):
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+
+    async def main():
+        async with deployed(bundle) as deployment:
+            call = deployment.runtime.start("g", {}, session="s1")
+            heard: list[dict] = []
+
+            async def read():
+                async for event in call:
+                    heard.append(event)
+
+            reading = asyncio.ensure_future(read())
+            await call.send("audio_in", "hello there")
+            await wait_for(lambda: len(heard) == 2, 20, "the first frame's words")
+            await call.cancel()
+            await asyncio.wait_for(reading, 20)
+            with pytest.raises(Exception, match="ended|cancel|closed"):
+                await call.send("audio_in", "too late")
+            await assert_clean_everywhere(deployment)
+            # the deployment goes on serving the session
+            again = deployment.runtime.start("g", {}, session="s1")
+            again_reading = asyncio.ensure_future(_events(again))
+            await again.send("audio_in", "again")
+            await again.end("audio_in")
+            second = await asyncio.wait_for(again_reading, 20)
+            await assert_clean_everywhere(deployment)
+        return heard, second
+
+    heard, second = asyncio.run(main())
+    assert [e["value"] for e in heard if e["event"] == "stream"] == ["hello", "there"]
+    assert heard[-1]["event"] == "done" and heard[-1]["status"] != "ok"
+    assert [e["value"] for e in second if e["event"] == "return"] == ["again"]
+
+
+def test_the_shard_control_refuses_a_streaming_entry_before_a_process_starts(tmp_path, monkeypatch):
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+    monkeypatch.setenv("FLOWRT_CONTROL", "shards")
+
+    async def main():
+        async with deployed(bundle):
+            pass
+
+    with pytest.raises(BundleError, match=r"graph `g` streams `audio_in`.*FLOWRT_CONTROL=shards"):
+        asyncio.run(main())
+
+
+async def _events(call) -> list[dict]:
+    return [event async for event in call]
