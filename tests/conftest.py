@@ -33,7 +33,7 @@ GOLDEN = REPO / "golden"
 EXAMPLES = sorted(REPO.glob("examples/*/pipeline.flow"))
 # examples on flowstd's model modules need the `models` extra (torch, tokenizers, and the media
 # extra's Pillow and soundfile), which the Python 3.12 pass (`.[dev]` only) does not install
-MODEL_MODULES = re.compile(r"^import\s+(llm|multimodal|tokenizer|voice)\b", re.MULTILINE)
+MODEL_MODULES = re.compile(r"^import\s+(llm|multimodal|tokenizer|voice|duplex)\b", re.MULTILINE)
 HAVE_MODELS = all(importlib.util.find_spec(name) is not None for name in ("torch", "tokenizers", "PIL", "soundfile"))
 NO_MODELS = (
     "needs the models extra (pip install 'flowc[models]': torch, tokenizers, Pillow, soundfile); this Python has not got it"
