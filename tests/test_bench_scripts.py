@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -151,3 +153,12 @@ def test_gateway_messages_bench_compares_both_controls():
         ("shards", "1"): ["1.0", "1.0"],
         ("shards", "3"): ["1.0", "1.0"],
     }, result.stdout
+
+
+def test_voice_ttfa_bench_runs_its_quick_levels():
+    pytest.importorskip("torch", reason="the voice models need torch: pip install 'flowc[models]'")
+    result = run("bench/voice_ttfa.py", "--quick")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert len(rows) == 2 and all(row.endswith("| 0 |") for row in rows), result.stdout  # no turn failed
+    assert "TTFA at 2 / at 1: " in result.stdout
