@@ -8,6 +8,8 @@ cannot take an entry's frames yet, is refused in one line before a process start
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 from hypothesis import given, settings
@@ -54,8 +56,15 @@ graph g {
 """
 
 ROLES = """
+import asyncio
+import os
+
+
 class Listener:
     async def hear(self, ctx, audio_in):
+        if audio_in.startswith("slow "):  # (a chunk that keeps its replica busy, and says where)
+            yield {"heard": f"pid {os.getpid()}"}
+            await asyncio.sleep(30)
         for word in audio_in.split():
             yield {"heard": word}
 
@@ -121,6 +130,43 @@ def test_a_call_cancelled_mid_input_frees_everything_in_every_process(tmp_path):
     assert [e["value"] for e in second if e["event"] == "return"] == ["again"]
 
 
+def test_a_replica_killed_mid_input_fails_its_frame_and_the_input_goes_on(tmp_path):
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+
+    async def main():
+        async with deployed(bundle, heartbeat_ttl=1.0) as deployment:
+            supervisor, runtime = deployment.supervisor, deployment.runtime
+            call = runtime.start("g", {}, session="s1")
+            events: list[dict] = []
+
+            async def read():
+                async for event in call:
+                    events.append(event)
+
+            reading = asyncio.ensure_future(read())
+            await call.send("audio_in", "slow chunk")
+            await wait_for(lambda: any(e.get("value", "").startswith("pid ") for e in events), 20, "the slow chunk running")
+            (where,) = [e["value"] for e in events if e.get("value", "").startswith("pid ")]
+            os.kill(int(where.split()[1]), signal.SIGKILL)
+            await wait_for(lambda: len(supervisor.remote.live["listener"]) == 1, 20, "the killed replica seen down")
+            for chunk in ("after the", "kill"):  # (to the replica left, until the other is back)
+                await call.send("audio_in", chunk)
+            await call.end("audio_in")
+            await asyncio.wait_for(reading, 30)
+            await wait_for(lambda: supervisor.restarted == 1 and len(supervisor.remote.live["listener"]) == 2, 20, "restart")
+            again = await asyncio.wait_for(_events_of(runtime.start("g", {}, session="s1"), ["back again"]), 20)
+            await assert_clean_everywhere(deployment)
+        return events, again
+
+    events, again = asyncio.run(main())
+    done = events[-1]
+    assert done["event"] == "done" and done["missing"] == []  # (the stream's error leaves `recording` whole)
+    (error,) = done["errors"]
+    assert error["role"] == "listener" and "killed by SIGKILL" in error["message"]
+    assert [e["value"] for e in events if e["event"] == "stream"][1:] == ["after", "the", "kill"]  # the rest ran
+    assert [e["value"] for e in again if e["event"] == "return"] == ["back again"]
+
+
 def test_the_shard_control_refuses_a_streaming_entry_before_a_process_starts(tmp_path, monkeypatch):
     bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
     monkeypatch.setenv("FLOWRT_CONTROL", "shards")
@@ -135,3 +181,12 @@ def test_the_shard_control_refuses_a_streaming_entry_before_a_process_starts(tmp
 
 async def _events(call) -> list[dict]:
     return [event async for event in call]
+
+
+async def _events_of(call, chunks: list[str]) -> list[dict]:
+    """The events of `call` with `chunks` sent, then its input ended."""
+    reading = asyncio.ensure_future(_events(call))
+    for chunk in chunks:
+        await call.send("audio_in", chunk)
+    await call.end("audio_in")
+    return await reading
