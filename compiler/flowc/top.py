@@ -6,7 +6,8 @@ server, and which bundle), then at every refresh `GET /metrics` (Prometheus text
 prometheus_client's parser) and `GET /stats` (its `in_flight` calls). It shows, per role,
 replicas up, queued and in-flight activations, activations per second, p50/p99 activation
 latency, errors, restarts and heartbeat lapses; per graph, calls by status, calls per second,
-calls in flight, p50/p99 call latency and p50 time to the first streamed frame; the pools (KV
+calls in flight, p50/p99 call latency, p50 time to the first streamed frame and p50 time to
+first audio (graphs whose calls stream audio: flowrt.observe.audio); the pools (KV
 pages by tier, Tmp Buffer bytes, prefix-cache tokens); and the calls in flight (graph, call
 id, session, age). Percentiles are estimated from the histograms' buckets since the server
 started, as Prometheus' histogram_quantile does; rates are the counters' increase between two
@@ -257,7 +258,7 @@ def bytes_text(value: float | None) -> str:
 
 
 ROLE_COLUMNS = ("role", "up", "queue", "in flight", "done", "act/s", "p50", "p99", "errors", "restarts", "lapses")
-GRAPH_COLUMNS = ("graph", "calls", "ok", "error", "cancelled", "calls/s", "in flight", "p50", "p99", "first frame p50")
+GRAPH_COLUMNS = ("graph", "calls", "ok", "error", "cancelled", "calls/s", "in flight", "p50", "p99", "first frame p50", "TTFA p50")
 CALL_COLUMNS = ("graph", "call id", "session", "age")
 
 
@@ -321,6 +322,7 @@ def build_frame(health: dict, now: Scrape, before: Scrape | None = None, url: st
         by_status = grouped(s, "flowrt_calls_total", "status", graph=graph)
         latency = buckets(s, "flowrt_call_duration_seconds", graph=graph)
         first = buckets(s, "flowrt_first_frame_seconds", graph=graph)
+        audio = buckets(s, "flowrt_time_to_first_audio_seconds", graph=graph)
         called_before = total(previous, "flowrt_calls_total", graph=graph) or 0.0 if before is not None else None
         frame.graphs.append(
             (
@@ -332,6 +334,7 @@ def build_frame(health: dict, now: Scrape, before: Scrape | None = None, url: st
                 seconds_text(quantile(0.5, latency)),
                 seconds_text(quantile(0.99, latency)),
                 seconds_text(quantile(0.5, first)) if "flowrt_first_frame_seconds_bucket" in s else DASH,
+                seconds_text(quantile(0.5, audio)) if audio else DASH,  # (graphs that stream no audio: none)
             )
         )
     frame.pools = pools(s)

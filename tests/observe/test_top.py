@@ -100,8 +100,8 @@ def test_a_frame_of_hand_made_metrics_shows_each_figure_and_dashes_what_is_not_e
     # role, up, queue, in flight, done, act/s, p50, p99, errors, restarts, lapses
     assert vit == ("vit", DASH, DASH, "2", "50", "0.0/s", "30.5ms", "100.0ms", "2", DASH, DASH)
     (chat,) = frame.graphs
-    # graph, calls, ok, error, cancelled, calls/s, in flight, p50, p99, first frame p50
-    assert chat == ("chat", "32", "30", "2", "0", "10.0/s", "3", "220.0ms", "920.0ms", DASH)
+    # graph, calls, ok, error, cancelled, calls/s, in flight, p50, p99, first frame p50, TTFA p50
+    assert chat == ("chat", "32", "30", "2", "0", "10.0/s", "3", "220.0ms", "920.0ms", DASH, DASH)
     assert dict(frame.pools) == {"KV pages": DASH, "Tmp Buffer": DASH, "prefix tokens": DASH}
     once = build_frame(HEALTH, now, None, "http://h:1")  # one scrape: no rate yet
     assert once.roles[0][5] == DASH and once.graphs[0][5] == DASH
@@ -110,6 +110,22 @@ def test_a_frame_of_hand_made_metrics_shows_each_figure_and_dashes_what_is_not_e
     assert dict(with_replicas.pools)["KV pages (gpu)"] == "free 100 · used 16"
     assert dict(with_replicas.pools)["Tmp Buffer"] == "used 2.0 MiB"
     assert "does not list its calls in flight" in with_replicas.note  # a /stats without `in_flight`
+
+
+AUDIO_FAMILY = """# HELP flowrt_time_to_first_audio_seconds From a call's input being complete to its first audio frame sent.
+# TYPE flowrt_time_to_first_audio_seconds histogram
+flowrt_time_to_first_audio_seconds_bucket{graph="chat",le="0.1"} 2.0
+flowrt_time_to_first_audio_seconds_bucket{graph="chat",le="0.2"} 4.0
+flowrt_time_to_first_audio_seconds_bucket{graph="chat",le="+Inf"} 4.0
+flowrt_time_to_first_audio_seconds_count{graph="chat"} 4.0
+flowrt_time_to_first_audio_seconds_sum{graph="chat"} 0.5
+"""
+
+
+def test_a_graph_whose_calls_stream_audio_shows_its_time_to_first_audio():
+    frame = build_frame(HEALTH, Scrape(parse_exposition(EXPOSITION + AUDIO_FAMILY), {}, 1.0), None, "u")
+    (chat,) = frame.graphs
+    assert chat[-1] == "100.0ms"  # the median of 4 calls: 2 within 100 ms, 2 within 200 ms
 
 
 def test_a_frame_renders_as_plain_tables():
@@ -123,7 +139,7 @@ def test_a_frame_renders_as_plain_tables():
     assert "image_chat at http://h:1" in text and "1 call running" in text
     assert table_rows(text, "vit")[0][:5] == ["vit", DASH, DASH, "2", "50"]
     assert table_rows(text, "chat") == [
-        ["chat", "32", "30", "2", "0", DASH, "3", "220.0ms", "920.0ms", DASH],
+        ["chat", "32", "30", "2", "0", DASH, "3", "220.0ms", "920.0ms", DASH, DASH],
         ["chat", "7", "s1", "2.50s"],
     ]
 

@@ -1,6 +1,7 @@
 """Prometheus metrics of a runtime: calls by graph and status, call latency and time to the
-first streamed frame, activations and their latency by role and interface, and what is in
-flight (docs/observe.md lists them). What the deployment's processes hold (replicas, edges,
+first streamed frame, activations and their latency by role and interface, what is in flight,
+and the time to first audio and real-time factor the front doors record (flowrt.observe.audio;
+docs/observe.md lists them all). What the deployment's processes hold (replicas, edges,
 pools, prefix reuse) is flowrt.observe.deployment's.
 
 `Metrics` is an observer (flowrt.observe.hooks) that counts nothing itself: prometheus_client's
@@ -24,6 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from flowrt.observe.audio import AudioFigures
 from flowrt.observe.hooks import Observer
 
 # what GET /metrics answers with: the classic text format every Prometheus reads (our names and
@@ -121,6 +123,7 @@ class Metrics(Observer):
         self.interfaces: dict[tuple[str, str], InterfaceStats] = {}
         self._nodes: set[Any] = set()  # the interface nodes counted (the core's node objects)
         self._programs: set[Any] = set()  # the graph programs whose counts are reported
+        self.audio = AudioFigures()  # time to first audio and real-time factor, as front doors record them
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
@@ -208,6 +211,7 @@ class _Collector:
             latency = stats.latency()
             duration.add_metric([role, interface], latency.cumulative(), latency.total)
         yield from (activations, running, frames, duration)
+        yield from self.metrics.audio.families()
 
 
 def _bound(seconds: float) -> str:
