@@ -1,20 +1,25 @@
-"""Which OpenAI endpoints a graph serves (`serves chat, images, speech, embeddings` in a graph;
+"""Which OpenAI endpoints a graph serves (`serves chat, images, speech, embeddings, realtime` in a graph;
 docs/openai.md), and which of its fields each endpoint reads. One place decides it: the check
 `Endpoints` (flowc.check.checks.graphs) reports a graph that cannot fill an endpoint it
 declares, and codegen records the fields in bundle.json (`graphs.G.endpoints`), which is all the
 runtime reads. A graph that declares no `serves` is served as a chat model when it can be one
 (an OpenAI client could always drive such a graph), and by no other endpoint.
 
-Every endpoint fills one entry, `Text` (the prompt, the input text, the last user message) or
-`Json` (the whole request body), with one value when the call starts: never a streaming entry
-(`placeholder stream`), whose frames come while the call runs. What each endpoint reads of the outputs (the first of the
-type, ordered streams before other streams before returns):
+Every endpoint but `realtime` fills one entry, `Text` (the prompt, the input text, the last user
+message) or `Json` (the whole request body), with one value when the call starts: never a
+streaming entry (`placeholder stream`), whose frames come while the call runs. `realtime`
+(/v1/realtime, a WebSocket) streams the client's audio into one streaming entry of type `Audio`
+(`input`), and may fill one more entry, `Text` or `Json`, with the session's instructions or
+settings when each call starts (`session`). What each endpoint reads of the outputs (the first
+of the type, ordered streams before other streams before returns):
 
     chat        `text`: a Text output; `audio`: an Audio output, when the graph has one
                 (sent as `message.audio` when the request asks for `modalities: ["audio"]`)
     images      `image`: an Image output (sent as a PNG)
     speech      `audio`: an Audio output (sent as a WAV file or raw PCM16)
     embeddings  `vector`: a Tensor output, else a Json or list output (one vector per input)
+    realtime    `text`: a Text output (text or transcript deltas); `audio`: an Audio output, when
+                the graph has one (audio deltas)
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ PATHS = {  # where each is served (flowrt.gateway)
     "images": "/v1/images/generations",
     "speech": "/v1/audio/speech",
     "embeddings": "/v1/embeddings",
+    "realtime": "/v1/realtime",
 }
 
 
@@ -57,7 +63,9 @@ NEEDS: dict[str, tuple[Needs, ...]] = {
     "images": (Needs("image", ("Image",)),),
     "speech": (Needs("audio", ("Audio",)),),
     "embeddings": (Needs("vector", ("Tensor", "Json", "[]")),),
+    "realtime": (Needs("text", ("Text",)), Needs("audio", ("Audio",), optional=True)),
 }
+REALTIME_INPUT = "Audio"  # the type of the streaming entry /v1/realtime sends the client's audio to
 
 
 @dataclass(frozen=True)
@@ -112,13 +120,61 @@ def _entry_problem(program: Program, graph: GraphInfo, endpoint: str) -> Problem
     return None
 
 
+def _realtime_entries(program: Program, graph: GraphInfo) -> dict[str, str] | Problem:
+    """The entries /v1/realtime fills: `input`, the one streaming `Audio` entry, and `session`,
+    one other entry (`Text` or `Json`) if the graph has one; or why it cannot."""
+    endpoint, path = "realtime", PATHS["realtime"]
+    entries = [e.text for e in graph.entries]
+    placeholders = [program.placeholders.get(name) for name in entries]
+    if any(p is None for p in placeholders):  # E170 reports it: the check says nothing more
+        return Problem(endpoint, "elsewhere", "an entry is not a placeholder")
+    streaming = [p for p in placeholders if p.stream]
+    others = [p for p in placeholders if not p.stream]
+    wanted = f"`placeholder stream audio_in: {REALTIME_INPUT}`"
+    if len(streaming) != 1 or str(program.type_of(streaming[0].type)) != REALTIME_INPUT:
+        shown = ", ".join(f"{p.name.text}: {program.type_of(p.type)}" for p in streaming) or "none"
+        return Problem(
+            endpoint,
+            "entry",
+            f"{path} streams the client's audio into one streaming `{REALTIME_INPUT}` entry, and its streaming entries are {shown}",
+            f"give the graph one streaming entry of type {REALTIME_INPUT}, e.g. {wanted}, or take `realtime` out of `serves`",
+        )
+    fields = {"input": streaming[0].name.text}
+    if len(others) > 1:
+        shown = ", ".join(p.name.text for p in others)
+        return Problem(
+            endpoint,
+            "entry",
+            f"it takes {len(others)} entry values besides its audio ({shown}); {path} fills at most one, with the session's settings",
+            "keep one entry besides the audio (Text: the session's instructions; Json: its settings), or take `realtime` out of `serves`",
+        )
+    if others:
+        entry_type = str(program.type_of(others[0].type))
+        if entry_type not in ENTRY_TYPES:
+            return Problem(
+                endpoint,
+                "entry",
+                f"its entry `{others[0].name.text}` is `{entry_type}`; {path} fills it with the session's instructions (`Text`) "
+                "or settings (`Json`)",
+                f"declare `{others[0].name.text}` `Text` or `Json`, or take `realtime` out of `serves`",
+            )
+        fields["session"] = others[0].name.text
+    return fields
+
+
 def fields_for(program: Program, graph: GraphInfo, endpoint: str) -> dict[str, str] | Problem:
     """The fields `endpoint` reads of `graph` ({"text": "token", ...}), or why it cannot serve it."""
-    problem = _entry_problem(program, graph, endpoint)
-    if problem is not None:
-        return problem
+    if endpoint == "realtime":
+        found = _realtime_entries(program, graph)
+        if isinstance(found, Problem):
+            return found
+        fields = found
+    else:
+        problem = _entry_problem(program, graph, endpoint)
+        if problem is not None:
+            return problem
+        fields = {}
     outputs = ranked_outputs(program, graph)
-    fields = {}
     for need in NEEDS[endpoint]:
         found = next((name for name, type_name in outputs if need.takes(type_name)), None)
         if found is not None:

@@ -81,7 +81,8 @@ class Schema:
 LB_POLICIES = ("round_robin", "session", "broadcast", "load_aware")
 DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3", "int8")
 TIERS = ("device", "host", "disk")
-ENDPOINTS = ("chat", "images", "speech", "embeddings")  # the OpenAI endpoints a graph may serve (flowc.check.endpoints)
+# the OpenAI endpoints a graph may serve (flowc.check.endpoints)
+ENDPOINTS = ("chat", "images", "speech", "embeddings", "realtime")
 
 # The bounds of resource settings (docs/language.md, "Limits"). They are generous for real
 # deployments and catch the typo that would make the runtime allocate for ever or cancel at once.

@@ -1,0 +1,593 @@
+"""The OpenAI Realtime-compatible endpoint `GET /v1/realtime?model=MODEL` (docs/openai.md, "Realtime"):
+a WebSocket speaking a subset of OpenAI's Realtime events, over a graph that `serves realtime`
+(its streaming `Audio` entry takes the client's audio; its Text and Audio outputs are the answer).
+
+A connection is a `Connection` with a session of its own (the `X-Flow-Session` header or
+`?session=`, else a new one, dropped when the connection closes). Its audio is cut into turns:
+the first `input_audio_buffer.append` of a turn starts a call of the graph (a `Turn`) and each
+append is one frame of the graph's streaming entry, sent while the client still speaks;
+`input_audio_buffer.commit` ends the entry (`response.create` commits what is open);
+`input_audio_buffer.clear` cancels the turn. A response is one turn's call: `response.create`
+answers the oldest committed turn without a response (or, with nothing appended, a call whose
+input is empty) and sends the events the call has made so far and makes from then on, as text
+(or transcript) and audio deltas, then `response.done`. `response.cancel`, and a
+`response.create` while a response runs (barge-in), stop the running response at once (no
+delta of it is sent after the event is read) and cancel its call (`interrupt=True` where the
+runtime and the graph allow it, so its roles learn what was delivered), and its `response.done`
+says `cancelled`.
+
+A turn's call waits for the turn before it to be retired (calls of a session run one at a time),
+unless a barge-in starts it. The connection's calls share one admission place
+(flowrt.gateway.admission) while any runs, and its session's claim (flowrt.gateway.access) for the
+connection's life. Bounds: a turn's audio not yet taken by its call (`MAX_PENDING_BYTES`), the
+events a call makes before its response is asked for (`HELD_MAX`), the turns open at once
+(`MAX_TURNS`), and a message (the server's --max-body-mb): past any, an `error` event (or, for
+a message, the close code 1009). A client that does not read holds its call's events in the
+runtime's bounded outbox and the socket's writes wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import inspect
+import logging
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from flowrt.control import Runtime
+from flowrt.control.sessions import reserved
+from flowrt.errors import FlowrtError, InputClosed
+from flowrt.gateway import realtime_events as wire
+from flowrt.gateway.access import PRINCIPAL, SessionOwners, refused_session
+from flowrt.gateway.admission import Admission, Refused
+from flowrt.gateway.exposure import client_events, hide_paths
+from flowrt.gateway.openai import call_error
+from flowrt.gateway.openai_request import ChatError, served
+from flowrt.observe.audio import AudioClock, AudioFigures
+from flowrt.observe.metrics import Metrics
+
+MAX_PENDING_BYTES = 16 * 2**20  # a turn's audio appended and not yet taken by its call
+HELD_MAX = 1024  # events a call may make before a response.create asks for them
+MAX_TURNS = 4  # turns open at once on a connection (calls running, or waiting for the one before)
+SHUTDOWN_WAIT = 5.0  # seconds the server's shutdown waits for the cancelled responses' response.done
+CONNECTIONS: web.AppKey[dict] = web.AppKey("realtime_connections", dict)  # ws -> Connection
+BETA = "realtime=v1"  # the `OpenAI-Beta` header of a client that speaks the beta events
+log = logging.getLogger("flowrt.gateway")
+
+
+def add_routes(app: web.Application, runtime: Runtime, admission: Admission, owners: SessionOwners) -> None:
+    """Register `/v1/realtime` (flowrt.gateway.openai_routes does, before its catch-all)."""
+    endpoint = RealtimeEndpoint(runtime, admission, owners)
+    app[CONNECTIONS] = endpoint.connections
+    app.router.add_route("*", "/v1/realtime", endpoint.connect)
+    app.on_shutdown.append(endpoint.shutdown)
+
+
+class RealtimeEndpoint:
+    def __init__(self, runtime: Runtime, admission: Admission, owners: SessionOwners):
+        self.runtime, self.admission, self.owners = runtime, admission, owners
+        self.connections: dict[web.WebSocketResponse, Connection] = {}
+        self.interrupts = "interrupt" in inspect.signature(runtime.start).parameters
+        observers = getattr(runtime.observer, "observers", (runtime.observer,))  # (the server's /metrics)
+        metrics = next((o for o in observers if isinstance(o, Metrics)), None)
+        self.audio = metrics.audio if metrics is not None else AudioFigures()
+        self.models: dict[str, dict[str, str]] = {}  # graph -> the fields /v1/realtime reads (bundle.json)
+        for graph in runtime.bundle.plan["graphs"]:
+            fields = (served(runtime, graph) or {}).get("realtime")
+            if fields is not None:
+                self.models[graph] = fields
+
+    async def connect(self, request: web.Request) -> web.StreamResponse:
+        """The upgrade, or OpenAI's error object (404 unknown model, 400 one that is not a realtime
+        model or no upgrade, 403 another key's session, 503 draining) before it happens."""
+        if request.method != "GET":
+            error = ChatError(
+                405, f"/v1/realtime answers GET (a WebSocket upgrade), not {request.method}", None, "method_not_allowed"
+            )
+            return web.json_response(error.body(), status=405, headers={"Allow": "GET"})
+        model = request.query.get("model")
+        fields = self.models.get(model or "")
+        if fields is None:
+            known = ", ".join(sorted(self.models)) or "none (a graph says `serves realtime`)"
+            if model is None or model not in self.runtime.programs:
+                told = "give the model as `?model=GRAPH`" if model is None else f"the model `{model}` does not exist"
+                return ChatError(404, f"{told}; realtime models: {known}", "model", "model_not_found").response()
+            return ChatError(
+                400,
+                f"the model `{model}` is not a realtime model (its graph does not `serves realtime`); realtime models: {known}",
+                "model",
+                "model_not_supported",
+            ).response()
+        named = request.headers.get("X-Flow-Session") or request.query.get("session")
+        if named is not None and reserved(named):
+            return ChatError(400, f"the session (`X-Flow-Session`): {reserved(named)}", "session", "invalid_session").response()
+        if self.admission.draining:
+            refused = Refused(503, "the server is stopping and takes no new connections", "shutdown")
+            body = ChatError(503, refused.message, None, refused.code).body()
+            return web.json_response(body, status=503, headers=refused.headers())
+        ws = web.WebSocketResponse(max_msg_size=request.client_max_size, compress=False)  # (--max-body-mb)
+        if not ws.can_prepare(request).ok:
+            return ChatError(
+                400,
+                "/v1/realtime is a WebSocket endpoint and this request asks for no upgrade; connect with a "
+                "Realtime client (e.g. openai's `client.realtime.connect(model=...)`)",
+                None,
+                "upgrade_required",
+            ).response()
+        session = named or f"realtime_{uuid.uuid4().hex}"
+        principal = request[PRINCIPAL]
+        if not self.owners.claim(session, principal):
+            return ChatError(403, refused_session(session), "session", "session_not_yours", "permission_error").response()
+        try:
+            await ws.prepare(request)
+            beta = request.headers.get("OpenAI-Beta", "").replace(" ", "") == BETA
+            connection = self.connections[ws] = Connection(self, ws, model, fields, session, named is None, beta)
+            try:
+                await connection.serve()
+            finally:
+                self.connections.pop(ws, None)
+        finally:
+            self.owners.release(session)
+        return ws
+
+    async def shutdown(self, app: web.Application) -> None:
+        """The server stops: every call is cancelled (reason `shutdown`), its response.done written
+        (for at most SHUTDOWN_WAIT seconds), then every connection closes (1001, going away)."""
+        tasks = []
+        for connection in list(self.connections.values()):
+            tasks += await connection.stop_all("shutdown")
+        if tasks:
+            await asyncio.wait(tasks, timeout=SHUTDOWN_WAIT)
+        for ws in list(self.connections):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"the server is stopping")
+
+
+class Response:
+    """One response: its ids, the settings it was asked under, its text so far, how it stops."""
+
+    def __init__(self, settings: wire.Settings):
+        self.id, self.item_id = wire.new_id("resp"), wire.new_id("item")
+        self.settings = settings
+        self.text: list[str] = []
+        self.stopped: str | None = None  # why the client stopped it: `client_cancelled` or `turn_detected`
+        self.failure: wire.RealtimeError | None = None  # the graph sent what cannot be an answer
+        self.finished = asyncio.Event()  # its response.done is sent
+
+
+class Turn:
+    """One call of the graph: the audio of one user turn in, one response out."""
+
+    def __init__(self, ahead: Turn | None, settings: wire.Settings, graph: str):
+        self.item_id = wire.new_id("item")
+        self.clock = AudioClock(graph, time.perf_counter(), streaming=True)  # time to first audio (flowrt.observe.audio)
+        self.ahead = ahead
+        self.settings = settings  # at its first append: the input's rate, the session entry's value
+        self.inbox: asyncio.Queue[tuple[str, Any, int]] = asyncio.Queue()
+        self.pending = 0  # bytes of audio in the inbox
+        self.committed = False
+        self.dropped = False  # cleared, or refused: no response will answer it
+        self.response: Response | None = None
+        self.held: deque[dict] = deque()  # events made before its response was asked for
+        self.out = asyncio.Lock()  # the response's events leave in order, held ones first
+        self.handle: Any = None
+        self.go = asyncio.Event()  # start now (a barge-in, or the turn is over before it started)
+        self.interrupt = False  # start with `interrupt=True`
+        self.retired = asyncio.Event()
+        self.failure: wire.RealtimeError | None = None  # why its call did not run or ended badly
+        self.done: dict | None = None
+        self.task: asyncio.Task | None = None
+
+
+class Connection:
+    """One client's Realtime WebSocket (the module docstring)."""
+
+    def __init__(
+        self,
+        endpoint: RealtimeEndpoint,
+        ws: web.WebSocketResponse,
+        model: str,
+        fields: dict,
+        session: str,
+        owned: bool,
+        beta: bool,
+    ):
+        self.endpoint, self.ws, self.model, self.fields = endpoint, ws, model, fields
+        self.runtime = endpoint.runtime
+        self.session, self.owned = session, owned
+        self.names = wire.Names(beta)
+        speaks = fields.get("audio") is not None
+        self.settings = wire.Settings(model, speaks=speaks, audio_out=speaks)
+        self.session_id = wire.new_id("sess")
+        self.turns: list[Turn] = []  # open turns, oldest first
+        self.input: Turn | None = None  # the turn the appends go to
+        self.last_item: str | None = None  # the last committed audio's item id
+        plan = self.runtime.bundle.plan["graphs"][model]
+        self.interruptible = endpoint.interrupts and plan.get("interruptible") is True
+        self.place_lock = asyncio.Lock()
+        self.place_users = 0
+        self.place: contextlib.AsyncExitStack | None = None
+
+    # ── the connection ──
+
+    async def serve(self) -> None:
+        try:
+            await self.say(wire.event("session.created", session=self.names.session(self.settings, self.session_id)))
+            async for message in self.ws:  # (ends at the client's close, or a message over the limit)
+                if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    await self.take(message.data)
+        finally:
+            tasks = await self.stop_all("client gone")
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            if self.owned and self.session not in self.runtime.scheduler.queues:
+                self.runtime.sessions.drop(self.session)  # (the conversation ends with the connection)
+
+    async def stop_all(self, reason: str) -> list[asyncio.Task]:
+        """Stop every turn (its call cancelled with `reason`); the tasks that end once each is retired."""
+        tasks = []
+        for turn in list(self.turns):
+            await self.stop(turn, reason)
+            if turn.task is not None:
+                tasks.append(turn.task)
+        return tasks
+
+    async def say(self, text: str) -> None:
+        """Send one event; a client gone meanwhile is not an error here (the reader ends)."""
+        with contextlib.suppress(ConnectionError):
+            await self.ws.send_str(text)
+
+    async def fail(self, error: wire.RealtimeError) -> None:
+        await self.say(wire.error_event(error))
+
+    async def take(self, data: str | bytes) -> None:
+        """One client event, decoded at the edge; what is wrong with it is an error event."""
+        try:
+            event = wire.decode(data)
+            if isinstance(event, wire.Append):
+                await self.append(event)
+            elif isinstance(event, wire.Commit):
+                await self.commit(event.event_id)
+            elif isinstance(event, wire.Clear):
+                await self.clear()
+            elif isinstance(event, wire.ResponseCreate):
+                await self.create(event)
+            elif isinstance(event, wire.ResponseCancel):
+                await self.cancel(event)
+            else:
+                await self.update(event)
+        except wire.RealtimeError as error:
+            await self.fail(error)
+
+    # ── the client's events ──
+
+    async def update(self, event: wire.SessionUpdate) -> None:
+        settings = self.settings.updated(event.session, event.event_id)
+        if self.input is not None and settings.changed_input(self.settings):
+            raise wire.RealtimeError(
+                "`session.audio.input.format`: the input's rate cannot change while audio of a turn is appended and not "
+                "committed; commit (or clear) it first",
+                "invalid_value",
+                "session.audio.input.format",
+                event.event_id,
+            )
+        self.settings = settings
+        await self.say(wire.event("session.updated", session=self.names.session(settings, self.session_id)))
+
+    async def append(self, event: wire.Append) -> None:
+        data = wire.audio_bytes(event)
+        turn = self.input
+        if turn is None:
+            if len(self.turns) >= MAX_TURNS:
+                raise wire.RealtimeError(
+                    f"this connection has {MAX_TURNS} turns open (committed audio whose response has not ended), the most it "
+                    "may; send response.create for them, or wait for their responses to end",
+                    "too_many_turns",
+                    None,
+                    event.event_id,
+                )
+            turn = self.input = self.open_turn()
+        if turn.pending + len(data) > MAX_PENDING_BYTES:
+            raise wire.RealtimeError(
+                f"the turn's audio waiting for its call is over {MAX_PENDING_BYTES // 2**20} MiB (the call before it is "
+                "still running); commit and send response.create, or append more slowly",
+                "input_audio_buffer_full",
+                "audio",
+                event.event_id,
+            )
+        turn.pending += len(data)
+        turn.clock.input(time.perf_counter())
+        frame = {"format": "pcm16", "data": event.audio, "sample_rate": turn.settings.input_rate}
+        turn.inbox.put_nowait(("frame", frame, len(data)))
+
+    def open_turn(self) -> Turn:
+        turn = Turn(self.turns[-1] if self.turns else None, self.settings, self.model)
+        self.turns.append(turn)
+        turn.task = asyncio.ensure_future(self.run(turn))
+        return turn
+
+    async def commit(self, event_id: str | None) -> Turn:
+        turn = self.input
+        if turn is None:
+            raise wire.RealtimeError(
+                "the input audio buffer is empty: append audio before input_audio_buffer.commit",
+                "input_audio_buffer_commit_empty",
+                None,
+                event_id,
+            )
+        self.input = None
+        turn.committed = True
+        turn.inbox.put_nowait(("end", None, 0))
+        turn.clock.ended(time.perf_counter())
+        previous, self.last_item = self.last_item, turn.item_id
+        await self.say(wire.event("input_audio_buffer.committed", item_id=turn.item_id, previous_item_id=previous))
+        return turn
+
+    async def clear(self) -> None:
+        turn, self.input = self.input, None
+        if turn is not None:
+            turn.dropped = True
+            await self.stop(turn, "input cleared")
+        await self.say(wire.event("input_audio_buffer.cleared"))
+
+    async def create(self, event: wire.ResponseCreate) -> None:
+        if event.response:
+            name = next(iter(event.response))
+            raise wire.RealtimeError(
+                f"`response.{name}`: per-response settings are not supported; set them with session.update",
+                "unsupported_field",
+                f"response.{name}",
+                event.event_id,
+            )
+        answered = self.input or next((t for t in self.turns if t.committed and not t.dropped and t.response is None), None)
+        if answered is None and len(self.turns) >= MAX_TURNS:
+            raise wire.RealtimeError(
+                f"this connection has {MAX_TURNS} turns open, the most it may; wait for their responses to end",
+                "too_many_turns",
+                None,
+                event.event_id,
+            )
+        running = self.responding()
+        if running is not None:  # barge-in: nothing more of the running response reaches the client
+            running.response.stopped = "turn_detected"
+        if self.input is not None:
+            await self.commit(event.event_id)
+        target = next((t for t in self.turns if t.committed and not t.dropped and t.response is None), None)
+        if target is None:  # nothing appended: a call whose input is empty
+            target = self.open_turn()
+            target.committed = True
+            target.inbox.put_nowait(("end", None, 0))
+        if running is not None:  # ... and its call is cancelled
+            if self.interruptible and running.handle is not None and target.ahead is running:
+                target.interrupt = True  # the runtime cancels the running call when this one comes
+            else:
+                await self.stop(running, "interrupted")
+            target.go.set()
+            await running.response.finished.wait()
+        response = Response(self.settings)
+        async with target.out:
+            target.response = response
+            await self.say(
+                wire.event("response.created", response=self.names.response(response.id, response.settings, "in_progress"))
+            )
+            while target.held:
+                await self.forward(target, target.held.popleft())
+            if target.retired.is_set() and not response.finished.is_set():  # its call is over, or never ran
+                await self.finish(target)
+
+    async def cancel(self, event: wire.ResponseCancel) -> None:
+        running = self.responding()
+        if running is None or (event.response_id is not None and event.response_id != running.response.id):
+            which = f"response `{event.response_id}` is not running" if event.response_id else "no response is running"
+            raise wire.RealtimeError(f"nothing to cancel: {which}", "response_cancel_not_active", "response_id", event.event_id)
+        running.response.stopped = "client_cancelled"
+        await self.stop(running, "cancelled by the client")
+
+    def responding(self) -> Turn | None:
+        return next((t for t in self.turns if t.response is not None and not t.response.finished.is_set()), None)
+
+    async def stop(self, turn: Turn, reason: str) -> None:
+        """Cancel `turn`'s call (one not started never starts), and wait until it is retired."""
+        turn.dropped = turn.dropped or turn.response is None
+        if turn.handle is not None:
+            await turn.handle.cancel(reason)
+        elif turn.task is not None and not turn.task.done():  # waiting for the turn before, or for a place
+            turn.task.cancel()
+
+    # ── a turn's life ──
+
+    @contextlib.asynccontextmanager
+    async def placed(self):
+        """An admission place while one of the connection's calls runs: its calls run one at a
+        time in its session, so one place serves them all, and a barge-in never waits for one."""
+        async with self.place_lock:
+            if self.place_users == 0:
+                stack = contextlib.AsyncExitStack()
+                await stack.enter_async_context(self.endpoint.admission.place(self.session))
+                self.place = stack
+            self.place_users += 1
+        try:
+            yield
+        finally:
+            self.place_users -= 1
+            if self.place_users == 0:
+                stack, self.place = self.place, None
+                if stack is not None:
+                    await stack.aclose()
+
+    async def run(self, turn: Turn) -> None:
+        """Wait for the turn before (or a barge-in), start the call, feed it and take its events."""
+        try:
+            if turn.ahead is not None and not turn.ahead.retired.is_set():
+                ahead, go = asyncio.ensure_future(turn.ahead.retired.wait()), asyncio.ensure_future(turn.go.wait())
+                try:
+                    await asyncio.wait((ahead, go), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    ahead.cancel(), go.cancel()
+            if turn.dropped:
+                return
+            async with self.placed():
+                if turn.dropped:
+                    return
+                await self.answer(turn)
+        except Refused as refused:
+            turn.failure = wire.RealtimeError(refused.message, refused.code, kind="server_error" if refused.status >= 500 else "")
+            if turn.response is None:
+                await self.fail(turn.failure)
+        except FlowrtError as error:  # the runtime refused the call (a deployment that cannot take an entry's frames)
+            turn.failure = wire.RealtimeError(hide_paths(str(error)), "call_failed", kind="server_error")
+            await self.fail(turn.failure)
+        finally:
+            if turn.handle is not None:
+                await turn.handle.aclose()  # (cancels it unless it has ended; it is retired)
+            turn.retired.set()
+            if not turn.committed and not turn.dropped:  # its call ended while the client still appended
+                turn.dropped = True
+                self.input = None if self.input is turn else self.input
+                if turn.failure is None:
+                    await self.fail(self.ended_early(turn))
+            async with turn.out:
+                if turn.response is not None and not turn.response.finished.is_set():
+                    await self.finish(turn)
+            if turn.dropped or (turn.response is not None and turn.response.finished.is_set()):
+                self.forget(turn)
+
+    def ended_early(self, turn: Turn) -> wire.RealtimeError:
+        done = turn.done or next((e for e in turn.held if e["event"] == "done"), None)
+        how = f"{done['status']}, {done.get('reason') or 'no reason given'}" if done else "it did not start"
+        return wire.RealtimeError(
+            f"the model `{self.model}`'s call for the audio being appended ended before input_audio_buffer.commit ({how}); "
+            "that audio is dropped: append the turn again",
+            "call_ended",
+            kind="server_error",
+        )
+
+    def forget(self, turn: Turn) -> None:
+        if turn in self.turns:
+            self.turns.remove(turn)
+            self.endpoint.audio.record(turn.clock)
+
+    async def answer(self, turn: Turn) -> None:
+        """Start the call, feed its inbox to it, and hold or forward its events up to its `done`."""
+        inputs = {}
+        session_field = self.fields.get("session")
+        if session_field is not None:
+            settings = turn.settings
+            entry_type = self.runtime.entry_types.get(self.model, {}).get(session_field, "Json")
+            inputs[session_field] = (
+                settings.instructions
+                if entry_type == "Text"
+                else {"instructions": settings.instructions, "voice": settings.voice, "audio": settings.audio_out}
+            )
+        options = {"interrupt": True} if turn.interrupt else {}
+        turn.handle = self.runtime.start(self.model, inputs, session=self.session, **options)
+        feeder = asyncio.ensure_future(self.feed(turn))
+        try:
+            async for event in turn.handle:
+                async with turn.out:
+                    if turn.response is None:
+                        turn.held.append(event)
+                        if len(turn.held) > HELD_MAX:
+                            await self.overflow(turn)
+                            return
+                    else:
+                        await self.forward(turn, event)
+                if event["event"] == "done":
+                    return
+        finally:
+            feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)
+
+    async def overflow(self, turn: Turn) -> None:
+        turn.dropped = True
+        turn.held.clear()
+        await turn.handle.cancel("no response asked for")
+        await self.fail(
+            wire.RealtimeError(
+                f"the model `{self.model}` made more than {HELD_MAX} events for the audio of item `{turn.item_id}` before a "
+                "response.create asked for them; its call was cancelled: send response.create after input_audio_buffer.commit",
+                "response_not_requested",
+            )
+        )
+
+    async def feed(self, turn: Turn) -> None:
+        handle, field = turn.handle, self.fields["input"]
+        while True:
+            kind, value, size = await turn.inbox.get()
+            turn.pending -= size
+            try:
+                if kind == "frame":
+                    await handle.send(field, value)
+                else:
+                    await handle.end(field)
+                    return
+            except InputClosed:
+                return  # the call is over (cancelled, timed out): its response.done says how
+
+    # ── the answer ──
+
+    async def forward(self, turn: Turn, event: dict) -> None:
+        """One event of the call as the response's deltas (called under `turn.out`)."""
+        response = turn.response
+        assert response is not None
+        if event["event"] == "done":
+            turn.done = client_events([event], self.runtime.bundle.python_path)[0]
+            await self.finish(turn)
+            return
+        if response.stopped is not None or response.failure is not None or response.finished.is_set():
+            return  # stopped: nothing more of it reaches the client
+        field, value = event["field"], event["value"]
+        if field == self.fields.get("text"):
+            if not isinstance(value, str):
+                response.failure = wire.RealtimeError(
+                    f"the model `{self.model}`'s `{field}` sent a {type(value).__name__}, not text; fix the role that produces it",
+                    "not_text",
+                    kind="server_error",
+                )
+                await turn.handle.cancel("not text")
+                return
+            response.text.append(value)
+            kind = self.names.transcript_delta if response.settings.audio_out else self.names.text_delta
+            await self.say(wire.event(kind, **self.delta(turn), delta=value))
+        elif field == self.fields.get("audio") and response.settings.audio_out:
+            try:
+                pcm = wire.pcm16_at(value, response.settings.output_rate, f"a frame of `{field}`")
+            except ValueError as error:
+                response.failure = wire.RealtimeError(
+                    f"the model `{self.model}` cannot answer with audio: {error}; its role must send mono PCM16 audio",
+                    "not_audio",
+                    kind="server_error",
+                )
+                await turn.handle.cancel("not audio")
+                return
+            data = base64.b64encode(pcm).decode("ascii")
+            await self.say(wire.event(self.names.audio_delta, **self.delta(turn), delta=data))
+            turn.clock.saw(event, time.perf_counter())
+
+    def delta(self, turn: Turn) -> dict[str, Any]:
+        response = turn.response
+        return {"response_id": response.id, "item_id": response.item_id, "output_index": 0, "content_index": 0}
+
+    async def finish(self, turn: Turn) -> None:
+        """The response's `response.done` (once; called under `turn.out`)."""
+        response = turn.response
+        if response is None or response.finished.is_set():
+            return
+        error = response.failure or turn.failure
+        if error is None and response.stopped is None:
+            told = call_error(turn.done, self.model)  # (None: it ended well)
+            if told is not None:
+                kind = "server_error" if told.status >= 500 else "invalid_request_error"
+                error = wire.RealtimeError(told.message, told.code or "call_failed", kind=kind)
+        status, details = wire.ending(response.stopped, error, (turn.done or {}).get("reason", ""))
+        item = self.names.item(response.item_id, "".join(response.text), response.settings.audio_out, status == "completed")
+        body = self.names.response(response.id, response.settings, status, item, details)
+        response.finished.set()
+        await self.say(wire.event("response.done", response=body))
+        if turn.retired.is_set():
+            self.forget(turn)

@@ -1,0 +1,402 @@
+"""The wire of the OpenAI Realtime-compatible endpoint (`/v1/realtime`, docs/openai.md "Realtime"):
+the client events it takes, decoded and checked at the edge into typed structs (`decode`), a
+session's settings and `session.update` checked against what the endpoint supports
+(`Settings.updated`), and the server events it sends, in the beta names (a client that sends
+`OpenAI-Beta: realtime=v1`) or the GA ones (`Names`), with a response's ending (`ending`) and
+its audio at the session's rate (`pcm16_at`).
+
+Everything a client gets wrong is a `RealtimeError`: OpenAI's error object (`type`, `code`,
+`message`, `param`, and the `event_id` of the client event that caused it), sent as an `error`
+event; the event is dropped and the connection goes on.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from dataclasses import dataclass, replace
+from typing import Annotated, Any
+
+import msgspec
+
+from flowrt import media
+from flowrt.values import summarize
+
+EventId = Annotated[str, msgspec.Meta(max_length=512)]
+RATES = (24_000, 16_000)  # the PCM16 rates a session's audio may have (OpenAI's is 24 kHz; 16 kHz is this endpoint's own)
+AUDIO_TYPE = "audio/pcm"  # the GA format's `type`: little-endian PCM16, mono
+BETA_FORMAT = "pcm16"  # the beta format's name: PCM16 at 24 kHz
+VOICE = "alloy"  # the voice a session names until it asks for another (the graph's roles decide what it means)
+
+
+class RealtimeError(Exception):
+    """A client event the endpoint answers with an `error` event."""
+
+    def __init__(self, message: str, code: str, param: str | None = None, event_id: str | None = None, kind: str = ""):
+        super().__init__(message)
+        self.message, self.code, self.param, self.event_id = message, code, param, event_id
+        self.kind = kind or "invalid_request_error"
+
+    def body(self) -> dict[str, Any]:
+        return {"type": self.kind, "code": self.code, "message": self.message, "param": self.param, "event_id": self.event_id}
+
+
+# ── the client's events ──
+
+
+class SessionUpdate(msgspec.Struct, tag="session.update", tag_field="type", forbid_unknown_fields=True, frozen=True):
+    session: dict[str, Any]
+    event_id: EventId | None = None
+
+
+class Append(msgspec.Struct, tag="input_audio_buffer.append", tag_field="type", forbid_unknown_fields=True, frozen=True):
+    audio: str  # base64 PCM16
+    event_id: EventId | None = None
+
+
+class Commit(msgspec.Struct, tag="input_audio_buffer.commit", tag_field="type", forbid_unknown_fields=True, frozen=True):
+    event_id: EventId | None = None
+
+
+class Clear(msgspec.Struct, tag="input_audio_buffer.clear", tag_field="type", forbid_unknown_fields=True, frozen=True):
+    event_id: EventId | None = None
+
+
+class ResponseCreate(msgspec.Struct, tag="response.create", tag_field="type", forbid_unknown_fields=True, frozen=True):
+    response: dict[str, Any] | None = None  # per-response settings: none supported (an empty object is fine)
+    event_id: EventId | None = None
+
+
+class ResponseCancel(msgspec.Struct, tag="response.cancel", tag_field="type", forbid_unknown_fields=True, frozen=True):
+    response_id: str | None = None
+    event_id: EventId | None = None
+
+
+ClientEvent = SessionUpdate | Append | Commit | Clear | ResponseCreate | ResponseCancel
+_DECODER = msgspec.json.Decoder(ClientEvent)
+TYPES = (
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+    "response.create",
+    "response.cancel",
+)
+
+
+def decode(text: str | bytes) -> ClientEvent:
+    """One client event as its struct; RealtimeError saying what is wrong (with the event's
+    `event_id` where it could be read)."""
+    try:
+        return _DECODER.decode(text)
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise _explained(text, error) from None
+
+
+def _explained(text: str | bytes, error: Exception) -> RealtimeError:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as bad:
+        return RealtimeError(
+            f"the event is not JSON ({str(bad)[:120]}); send one JSON object per text message, "
+            'e.g. {"type": "input_audio_buffer.commit"}',
+            "invalid_json",
+        )
+    if not isinstance(value, dict):
+        return RealtimeError(
+            f"an event is a JSON object with a `type`, not a JSON {type(value).__name__}", "invalid_event", "type"
+        )
+    event_id = value.get("event_id") if isinstance(value.get("event_id"), str) else None
+    kind = value.get("type")
+    if kind not in TYPES:
+        told = "has no `type`" if kind is None else f"has the type {json.dumps(kind)[:80]}, which this server does not take"
+        return RealtimeError(
+            f"the event {told}; the client events it takes are {', '.join(TYPES)}", "invalid_value", "type", event_id
+        )
+    told = str(error)
+    param = None
+    if "`$." in told:  # msgspec's path of the offending field: `$.audio`
+        param = told.split("`$.", 1)[1].split("`", 1)[0]
+    elif "unknown field `" in told:
+        param = told.split("unknown field `", 1)[1].split("`", 1)[0]
+    return RealtimeError(f"`{kind}`: {told}", "invalid_value", param, event_id)
+
+
+def audio_bytes(event: Append) -> bytes:
+    """An append's audio as PCM16 bytes; RealtimeError for base64 that is not, or a part sample."""
+    try:
+        data = base64.b64decode(event.audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise RealtimeError(
+            "`audio` is not base64; send the PCM16 samples (little-endian int16, mono) base64-encoded",
+            "invalid_base64",
+            "audio",
+            event.event_id,
+        ) from None
+    if not data:
+        raise RealtimeError("`audio` is empty; append at least one sample", "invalid_value", "audio", event.event_id)
+    if len(data) % 2:
+        raise RealtimeError(
+            f"`audio` holds {len(data)} bytes: PCM16 samples are 2 bytes each, so a whole number of samples is an even "
+            "number of bytes",
+            "invalid_value",
+            "audio",
+            event.event_id,
+        )
+    return data
+
+
+# ── the session's settings ──
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a connection's session.update has set (and session.created told)."""
+
+    model: str
+    speaks: bool  # the graph has an audio output
+    audio_out: bool  # the session's output modalities include audio
+    instructions: str = ""
+    voice: str = VOICE
+    input_rate: int = RATES[0]
+    output_rate: int = RATES[0]
+
+    def updated(self, session: dict[str, Any], event_id: str | None) -> Settings:
+        """These settings with `session`'s applied (all or none); RealtimeError naming the first
+        field the endpoint does not support, as `session.FIELD`."""
+        changes: dict[str, Any] = {}
+
+        def refuse(place: str, message: str, code: str = "invalid_value") -> RealtimeError:
+            return RealtimeError(f"`session.{place}`: {message}", code, f"session.{place}", event_id)
+
+        for key, value in session.items():
+            if key == "type":
+                if value != "realtime":
+                    raise refuse(key, f'this endpoint serves "realtime" sessions, not {json.dumps(value)[:60]}')
+            elif key == "model":
+                if value != self.model:
+                    raise refuse(
+                        key, f"a connection serves the model it connected for (`{self.model}`); connect again for another"
+                    )
+            elif key == "instructions":
+                if not isinstance(value, str):
+                    raise refuse(key, "must be a string")
+                changes["instructions"] = value
+            elif key == "voice":
+                changes["voice"] = self._voice(value, refuse, key)
+            elif key in ("modalities", "output_modalities"):
+                changes["audio_out"] = self._modalities(key, value, refuse)
+            elif key == "turn_detection":
+                self._turn_detection(value, refuse, key)
+            elif key in ("input_audio_format", "output_audio_format"):
+                if value != BETA_FORMAT:
+                    raise refuse(
+                        key, f'this endpoint takes and sends "{BETA_FORMAT}" (PCM16 at 24 kHz), not {json.dumps(value)[:60]}'
+                    )
+                changes["input_rate" if key.startswith("input") else "output_rate"] = RATES[0]
+            elif key == "audio":
+                changes.update(self._audio(value, refuse))
+            elif value is None or value == [] or value == {}:
+                continue  # nothing asked
+            else:
+                raise refuse(key, f"is not supported by this endpoint (it supports {SUPPORTED})", "unsupported_field")
+        return replace(self, **changes)
+
+    def _voice(self, value: Any, refuse: Any, place: str) -> str:
+        if isinstance(value, dict) and isinstance(value.get("id"), str):
+            value = value["id"]
+        if not isinstance(value, str) or not value:
+            raise refuse(place, "must be a voice's name")
+        return value
+
+    def _modalities(self, key: str, value: Any, refuse: Any) -> bool:
+        allowed = [["text"], ["text", "audio"], ["audio", "text"]] if key == "modalities" else [["text"], ["audio"]]
+        if value not in allowed:
+            shown = " or ".join(json.dumps(a) for a in allowed)
+            raise refuse(key, f"must be {shown}, not {json.dumps(value)[:80]}")
+        if "audio" in value and not self.speaks:
+            raise refuse(
+                key, f'the model `{self.model}` answers with text only (its graph has no Audio output): ask for ["text"]'
+            )
+        return "audio" in value
+
+    @staticmethod
+    def _turn_detection(value: Any, refuse: Any, place: str) -> None:
+        if value is not None:
+            raise refuse(
+                place,
+                "must be null: this endpoint has no voice activity detection; end each turn with input_audio_buffer.commit "
+                "(or response.create)",
+                "unsupported_field",
+            )
+
+    def _audio(self, value: Any, refuse: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise refuse("audio", 'must be an object such as {"input": {"format": ...}, "output": {...}}')
+        changes: dict[str, Any] = {}
+        for side, fields in value.items():
+            if side not in ("input", "output"):
+                raise refuse(f"audio.{side}", "is not supported (`audio` has `input` and `output`)", "unsupported_field")
+            if fields is None:
+                continue
+            if not isinstance(fields, dict):
+                raise refuse(f"audio.{side}", "must be an object")
+            for key, setting in fields.items():
+                place = f"audio.{side}.{key}"
+                if key == "format":
+                    changes[f"{side}_rate"] = self._format(setting, refuse, place)
+                elif side == "input" and key == "turn_detection":
+                    self._turn_detection(setting, refuse, place)
+                elif side == "output" and key == "voice":
+                    changes["voice"] = self._voice(setting, refuse, place)
+                elif setting is None or (side == "output" and key == "speed" and setting in (1, 1.0)):
+                    continue  # nothing asked, or what the graph does anyway
+                else:
+                    raise refuse(place, f"is not supported by this endpoint (it supports {SUPPORTED})", "unsupported_field")
+        return changes
+
+    @staticmethod
+    def _format(value: Any, refuse: Any, place: str) -> int:
+        rate = value.get("rate", RATES[0]) if isinstance(value, dict) else None
+        if not isinstance(value, dict) or value.get("type", AUDIO_TYPE) != AUDIO_TYPE or rate not in RATES:
+            raise refuse(
+                place,
+                f'must be {{"type": "{AUDIO_TYPE}", "rate": 24000}} (or 16000): PCM16, mono; not {json.dumps(value)[:80]}',
+            )
+        return rate
+
+    def changed_input(self, other: Settings) -> bool:
+        return self.input_rate != other.input_rate
+
+
+SUPPORTED = (
+    "type, model, instructions, output_modalities, audio.input.format, audio.input.turn_detection (null), "
+    "audio.output.format, audio.output.voice; beta: modalities, voice, input_audio_format, output_audio_format (pcm16), "
+    "turn_detection (null)"
+)
+
+
+# ── the server's events ──
+
+
+@dataclass(frozen=True)
+class Names:
+    """The event names and shapes of one protocol version: beta (`OpenAI-Beta: realtime=v1`) or GA."""
+
+    beta: bool
+
+    @property
+    def text_delta(self) -> str:
+        return "response.text.delta" if self.beta else "response.output_text.delta"
+
+    @property
+    def transcript_delta(self) -> str:
+        return "response.audio_transcript.delta" if self.beta else "response.output_audio_transcript.delta"
+
+    @property
+    def audio_delta(self) -> str:
+        return "response.audio.delta" if self.beta else "response.output_audio.delta"
+
+    def session(self, settings: Settings, session_id: str) -> dict[str, Any]:
+        """The session object of session.created and session.updated."""
+        if self.beta:
+            return {
+                "id": session_id,
+                "object": "realtime.session",
+                "model": settings.model,
+                "modalities": ["text", "audio"] if settings.audio_out else ["text"],
+                "instructions": settings.instructions,
+                "voice": settings.voice,
+                "input_audio_format": BETA_FORMAT,
+                "output_audio_format": BETA_FORMAT,
+                "turn_detection": None,
+                "sample_rates": {"input": settings.input_rate, "output": settings.output_rate},  # (not OpenAI's: 16 kHz is ours)
+            }
+        return {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": session_id,
+            "model": settings.model,
+            "output_modalities": ["audio"] if settings.audio_out else ["text"],
+            "instructions": settings.instructions,
+            "audio": {
+                "input": {"format": {"type": AUDIO_TYPE, "rate": settings.input_rate}, "turn_detection": None},
+                "output": {"format": {"type": AUDIO_TYPE, "rate": settings.output_rate}, "voice": settings.voice},
+            },
+        }
+
+    def response(
+        self, response_id: str, settings: Settings, status: str, item: dict[str, Any] | None = None, details: dict | None = None
+    ) -> dict[str, Any]:
+        """The response object of response.created (`in_progress`, no output) and response.done."""
+        body: dict[str, Any] = {
+            "id": response_id,
+            "object": "realtime.response",
+            "status": status,
+            "status_details": details,
+            "output": [item] if item is not None else [],
+            "usage": None,
+        }
+        if self.beta:
+            body["modalities"] = ["text", "audio"] if settings.audio_out else ["text"]
+            body["voice"] = settings.voice
+            body["output_audio_format"] = BETA_FORMAT
+        else:
+            body["output_modalities"] = ["audio"] if settings.audio_out else ["text"]
+            body["audio"] = {"output": {"format": {"type": AUDIO_TYPE, "rate": settings.output_rate}, "voice": settings.voice}}
+        return body
+
+    def item(self, item_id: str, text: str, audio: bool, complete: bool) -> dict[str, Any]:
+        """The assistant message a response made: its text (or, answering with audio, the audio's
+        transcript; the audio itself went in the deltas)."""
+        if audio:
+            part = {"type": "audio" if self.beta else "output_audio", "transcript": text}
+        else:
+            part = {"type": "text" if self.beta else "output_text", "text": text}
+        return {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed" if complete else "incomplete",
+            "content": [part],
+        }
+
+
+def ending(stopped: str | None, error: RealtimeError | None, reason: str) -> tuple[str, dict[str, Any] | None]:
+    """A response's `status` and `status_details`: `cancelled` when the client stopped it (`stopped`:
+    `client_cancelled` or `turn_detected`), `incomplete` when its call timed out, `failed` on any
+    other error, else `completed`."""
+    if stopped is not None:
+        return "cancelled", {"type": "cancelled", "reason": stopped}
+    if error is None:
+        return "completed", None
+    status = "incomplete" if reason == "timeout" else "failed"
+    return status, {"type": status, "error": {"type": error.kind, "code": error.code, "message": error.message}}
+
+
+def pcm16_at(value: Any, rate: int, name: str) -> bytes:
+    """An audio frame's samples (a value whose `media()` is a mono PCM16 WAV, flowrt.media) as
+    PCM16 at `rate`, resampled from the graph's rate; ValueError naming `name` for anything else."""
+    pcm, source = media.carried_pcm16(summarize(value, media=True), name)
+    if source == rate or not pcm:
+        return pcm
+    import numpy  # (flowrt.media resamples with it)
+
+    samples = numpy.frombuffer(pcm, dtype="<i2").astype(numpy.float32) / 32768.0
+    return media.pcm16(media.resample(samples, source, rate))
+
+
+def event(kind: str, **fields: Any) -> str:
+    """One server event as the text of a message, with an `event_id` of its own."""
+    return json.dumps({"type": kind, "event_id": new_id("event"), **fields}, ensure_ascii=False)
+
+
+def error_event(error: RealtimeError) -> str:
+    return event("error", error=error.body())
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
