@@ -119,3 +119,19 @@ def test_metrics_show_the_audio_figures_of_calls_served_over_http(tmp_path):
     assert samples[("flowrt_time_to_first_audio_seconds_count", graph)] == 2
     assert samples[("flowrt_audio_real_time_factor_count", graph)] == 2
     assert 0 <= samples[("flowrt_time_to_first_audio_seconds_sum", graph)] < 10
+
+
+def test_a_traced_call_carries_its_audio_figures_in_its_trace(tmp_path):
+    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+    with serving(bundle) as server:
+        (done,) = [e for e in lines(server.post("/graphs/talk?trace=1", b'{"request": {"chunks": 3}}')) if e["event"] == "done"]
+        (quiet,) = [e for e in lines(server.post("/graphs/talk?trace=1", b'{"request": {"chunks": 0}}')) if e["event"] == "done"]
+    trace = done["trace"]
+    (first,) = [e for e in trace["traceEvents"] if e.get("name") == "first audio"]
+    assert first["ph"] == "i" and first["ts"] >= 0 and first["args"]["time_to_first_audio_ms"] >= 0
+    assert trace["otherData"]["time_to_first_audio_ms"] == first["args"]["time_to_first_audio_ms"]
+    assert trace["otherData"]["audio_real_time_factor"] >= 0
+    # (on the caller's lane, when the frame left the server: a quick call's events may all leave after its end)
+    assert first["tid"] == 1 and first["pid"] == next(e for e in trace["traceEvents"] if e.get("cat") == "call")["pid"]
+    assert "time_to_first_audio_ms" not in quiet["trace"]["otherData"]  # no audio, no figures
+    assert not [e for e in quiet["trace"]["traceEvents"] if e.get("name") == "first audio"]

@@ -15,10 +15,12 @@ An audio value is one whose `summary()` is `{"audio": {"samples": N, "sample_rat
   playback never waits. A call with one audio frame has no RTF.
 
 `AudioClock` follows one call (the front door calls `input(now)` for each input it passes on,
-`ended(now)` when the input is complete, `saw(event, now)` for each event it sends);
-`AudioFigures` keeps per-graph histograms of both, read into /metrics (flowrt.observe.metrics
-adds its families) and by `flowc top`. Nothing here touches the control core: a call whose
-events never leave through a front door is not timed.
+`ended(now)` when the input is complete, `saw(event, now)` for each event it sends; `now` is the
+observers' clock, flowrt.observe.hooks.now); `AudioFigures` keeps per-graph histograms of both,
+read into /metrics (flowrt.observe.metrics adds its families) and by `flowc top`; `traced` puts
+one call's figures into its Chrome trace (`?trace=1`): an instant event "first audio" on the
+caller's lane and both figures in `otherData`. Nothing here touches the control core: a call
+whose events never leave through a front door is not timed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 TTFA_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
@@ -139,3 +142,20 @@ class AudioFigures:
             for graph, histogram in sorted(histograms.items()):
                 family.add_metric([graph], histogram.cumulative(), histogram.total)
             yield family
+
+
+def traced(trace_json: bytes, clock: AudioClock, origin: float, pid: int) -> bytes:
+    """A call's Chrome trace JSON (flowrt.observe.trace, which starts at `origin`, in process
+    `pid`) with the call's audio figures, or as it was if the call sent no audio."""
+    if clock.first is None:
+        return trace_json
+    trace = msgspec.json.decode(trace_json)
+    figures = {"time_to_first_audio_ms": round(clock.ttfa * 1e3, 3)}
+    if clock.rtf is not None:
+        figures["audio_real_time_factor"] = round(clock.rtf, 4)
+    at = round((clock.first - origin) * 1e6, 3)
+    trace["traceEvents"].append(
+        {"name": "first audio", "cat": "audio", "ph": "i", "s": "p", "ts": at, "pid": pid, "tid": 1, "args": figures}
+    )
+    trace.setdefault("otherData", {}).update(figures)
+    return msgspec.json.encode(trace)
