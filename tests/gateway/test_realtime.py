@@ -17,6 +17,7 @@ import array
 import asyncio
 import base64
 import contextlib
+import inspect
 import json
 import socket
 import sys
@@ -539,3 +540,98 @@ def masked_text(message: dict) -> bytes:
     assert len(payload) < 126
     body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
     return bytes([0x81, 0x80 | len(payload)]) + mask + body
+
+
+# ── barge-in through the runtime's `interrupt` ──
+
+INTERRUPTIBLE_FLOW = """
+flow rtint
+
+placeholder stream audio_in: Audio
+
+global chat: History {
+    max_turns 20
+}
+
+role ear {
+    impl "rti_roles:Ear"
+    interface hear { in audio_in  out stream heard: Json }
+}
+
+role voice {
+    impl "rti_roles:Voice"
+    lb session
+    uses chat
+    interface reply {
+        join { heard: all }
+        out stream text: Text, speech: Audio
+    }
+}
+
+graph talk {
+    entry  audio_in
+    stream text ordered
+    stream speech ordered
+    interruptible
+    serves realtime
+}
+"""
+
+INTERRUPTIBLE_ROLES = ROLES.replace(
+    """    async def reply(self, ctx, heard, settings):
+        told = settings[0]
+""",
+    """    async def reply(self, ctx, heard):
+        SEEN.append(getattr(ctx, "interrupted", None))
+        told = {"instructions": ""}
+""",
+).replace("HEARD = []", "HEARD = []\nSEEN = []  # ctx.interrupted of each reply")
+
+
+@pytest.mark.skipif(
+    "interrupt" not in inspect.signature(Runtime.start).parameters, reason="the runtime cannot interrupt a call yet"
+)
+def test_barge_in_on_an_interruptible_graph_tells_the_next_turn_exactly_what_was_delivered(tmp_path):
+    bundle = bundle_with_roles(INTERRUPTIBLE_FLOW, INTERRUPTIBLE_ROLES, tmp_path, module="rti_roles")
+
+    async def main():
+        sys.modules.pop("rti_roles", None)
+        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
+            module = sys.modules["rti_roles"]
+            gate = module.GATE[0] = asyncio.Semaphore(0)
+            async with client_of(base).realtime.connect(model="talk") as connection:
+                await until(connection, "session.created")
+                await connection.input_audio_buffer.append(audio=b64([module.GATED, 1]))
+                await connection.response.create()
+                first = await until(connection, "response.created", [])
+                delivered: dict[str, int] = {"text": 0, "speech": 0}
+                kinds = {"response.output_audio_transcript.delta": "text", "response.output_audio.delta": "speech"}
+                for _ in range(2):
+                    gate.release()
+                    for _ in range(2):
+                        event = await asyncio.wait_for(connection.recv(), 10)
+                        delivered[kinds[event.type]] += 1
+                await connection.input_audio_buffer.append(audio=b64(CHUNKS_2[0]))
+                await connection.response.create()  # turn 2 interrupts turn 1 through the runtime
+                others: list = []
+                for _ in range(20):
+                    gate.release()
+                    event = await asyncio.wait_for(connection.recv(), 10)
+                    if getattr(event, "response_id", None) == first.response.id:
+                        delivered[kinds[event.type]] += 1
+                    elif event.type == "response.done" and event.response.id == first.response.id:
+                        assert event.response.status == "cancelled"
+                        break
+                    else:
+                        others.append(event)
+                else:
+                    raise AssertionError("turn 1 went on after the barge-in")
+                _, _, done = await response_of(connection, others)
+                assert done.response.status == "completed"
+            await drained(Served(app, base, client), runtime)
+            assert runtime.programs["talk"].calls_ended == {"cancelled": 1, "ok": 1}
+            record = module.SEEN[1]  # turn 2's reply saw what the user received of turn 1
+            assert record is not None and record.graph == "talk"
+            assert dict(record.frames) == delivered, (dict(record.frames), delivered)
+
+    run(main())

@@ -178,6 +178,8 @@ class Turn:
         self.handle: Any = None
         self.go = asyncio.Event()  # start now (a barge-in, or the turn is over before it started)
         self.interrupt = False  # start with `interrupt=True`
+        self.taking = asyncio.Event()  # clear while a barge-in's call is on its way to interrupt this one
+        self.taking.set()
         self.retired = asyncio.Event()
         self.failure: wire.RealtimeError | None = None  # why its call did not run or ended badly
         self.done: dict | None = None
@@ -269,13 +271,7 @@ class Connection:
     async def update(self, event: wire.SessionUpdate) -> None:
         settings = self.settings.updated(event.session, event.event_id)
         if self.input is not None and settings.changed_input(self.settings):
-            raise wire.RealtimeError(
-                "`session.audio.input.format`: the input's rate cannot change while audio of a turn is appended and not "
-                "committed; commit (or clear) it first",
-                "invalid_value",
-                "session.audio.input.format",
-                event.event_id,
-            )
+            raise wire.refusal("rate_change", event.event_id)
         self.settings = settings
         await self.say(wire.event("session.updated", session=self.names.session(settings, self.session_id)))
 
@@ -284,22 +280,10 @@ class Connection:
         turn = self.input
         if turn is None:
             if len(self.turns) >= MAX_TURNS:
-                raise wire.RealtimeError(
-                    f"this connection has {MAX_TURNS} turns open (committed audio whose response has not ended), the most it "
-                    "may; send response.create for them, or wait for their responses to end",
-                    "too_many_turns",
-                    None,
-                    event.event_id,
-                )
+                raise wire.refusal("too_many_turns", event.event_id, most=MAX_TURNS)
             turn = self.input = self.open_turn()
         if turn.pending + len(data) > MAX_PENDING_BYTES:
-            raise wire.RealtimeError(
-                f"the turn's audio waiting for its call is over {MAX_PENDING_BYTES // 2**20} MiB (the call before it is "
-                "still running); commit and send response.create, or append more slowly",
-                "input_audio_buffer_full",
-                "audio",
-                event.event_id,
-            )
+            raise wire.refusal("input_audio_buffer_full", event.event_id, mib=MAX_PENDING_BYTES // 2**20)
         turn.pending += len(data)
         turn.clock.input(time.perf_counter())
         frame = {"format": "pcm16", "data": event.audio, "sample_rate": turn.settings.input_rate}
@@ -314,12 +298,7 @@ class Connection:
     async def commit(self, event_id: str | None) -> Turn:
         turn = self.input
         if turn is None:
-            raise wire.RealtimeError(
-                "the input audio buffer is empty: append audio before input_audio_buffer.commit",
-                "input_audio_buffer_commit_empty",
-                None,
-                event_id,
-            )
+            raise wire.refusal("input_audio_buffer_commit_empty", event_id)
         self.input = None
         turn.committed = True
         turn.inbox.put_nowait(("end", None, 0))
@@ -337,24 +316,15 @@ class Connection:
 
     async def create(self, event: wire.ResponseCreate) -> None:
         if event.response:
-            name = next(iter(event.response))
-            raise wire.RealtimeError(
-                f"`response.{name}`: per-response settings are not supported; set them with session.update",
-                "unsupported_field",
-                f"response.{name}",
-                event.event_id,
-            )
+            raise wire.refusal("response_settings", event.event_id, name=next(iter(event.response)))
         answered = self.input or next((t for t in self.turns if t.committed and not t.dropped and t.response is None), None)
         if answered is None and len(self.turns) >= MAX_TURNS:
-            raise wire.RealtimeError(
-                f"this connection has {MAX_TURNS} turns open, the most it may; wait for their responses to end",
-                "too_many_turns",
-                None,
-                event.event_id,
-            )
+            raise wire.refusal("too_many_turns", event.event_id, most=MAX_TURNS)
         running = self.responding()
         if running is not None:  # barge-in: nothing more of the running response reaches the client
             running.response.stopped = "turn_detected"
+            if self.interruptible:  # ... nor is taken from its call: what its roles learn was taken was delivered
+                running.taking.clear()
         if self.input is not None:
             await self.commit(event.event_id)
         target = next((t for t in self.turns if t.committed and not t.dropped and t.response is None), None)
@@ -394,6 +364,7 @@ class Connection:
     async def stop(self, turn: Turn, reason: str) -> None:
         """Cancel `turn`'s call (one not started never starts), and wait until it is retired."""
         turn.dropped = turn.dropped or turn.response is None
+        turn.taking.set()
         if turn.handle is not None:
             await turn.handle.cancel(reason)
         elif turn.task is not None and not turn.task.done():  # waiting for the turn before, or for a place
@@ -460,12 +431,7 @@ class Connection:
     def ended_early(self, turn: Turn) -> wire.RealtimeError:
         done = turn.done or next((e for e in turn.held if e["event"] == "done"), None)
         how = f"{done['status']}, {done.get('reason') or 'no reason given'}" if done else "it did not start"
-        return wire.RealtimeError(
-            f"the model `{self.model}`'s call for the audio being appended ended before input_audio_buffer.commit ({how}); "
-            "that audio is dropped: append the turn again",
-            "call_ended",
-            kind="server_error",
-        )
+        return wire.refusal("call_ended", None, model=self.model, how=how)
 
     def forget(self, turn: Turn) -> None:
         if turn in self.turns:
@@ -488,32 +454,44 @@ class Connection:
         turn.handle = self.runtime.start(self.model, inputs, session=self.session, **options)
         feeder = asyncio.ensure_future(self.feed(turn))
         try:
-            async for event in turn.handle:
-                async with turn.out:
-                    if turn.response is None:
-                        turn.held.append(event)
-                        if len(turn.held) > HELD_MAX:
-                            await self.overflow(turn)
-                            return
-                    else:
-                        await self.forward(turn, event)
-                if event["event"] == "done":
-                    return
+            async with turn.handle:  # admitted: a barge-in's call has interrupted the one before
+                if turn.interrupt:
+                    turn.ahead.taking.set()
+                while True:
+                    await turn.taking.wait()
+                    try:
+                        event = await turn.handle.__anext__()
+                    except StopAsyncIteration:
+                        return
+                    if await self.took(turn, event):
+                        return
+        except InputClosed:
+            return  # closed before it started (cleared, cancelled, the client gone)
         finally:
+            if turn.interrupt:
+                turn.ahead.taking.set()
             feeder.cancel()
             await asyncio.gather(feeder, return_exceptions=True)
+
+    async def took(self, turn: Turn, event: dict) -> bool:
+        """Hold or forward one event of the call; whether the turn is over. An event taken before
+        its response was stopped is delivered (at most one: events are taken one at a time)."""
+        late = turn.response is not None and turn.response.stopped is not None
+        async with turn.out:
+            if turn.response is None:
+                turn.held.append(event)
+                if len(turn.held) > HELD_MAX:
+                    await self.overflow(turn)
+                    return True
+            else:
+                await self.forward(turn, event, late)
+        return event["event"] == "done"
 
     async def overflow(self, turn: Turn) -> None:
         turn.dropped = True
         turn.held.clear()
         await turn.handle.cancel("no response asked for")
-        await self.fail(
-            wire.RealtimeError(
-                f"the model `{self.model}` made more than {HELD_MAX} events for the audio of item `{turn.item_id}` before a "
-                "response.create asked for them; its call was cancelled: send response.create after input_audio_buffer.commit",
-                "response_not_requested",
-            )
-        )
+        await self.fail(wire.refusal("response_not_requested", None, model=self.model, most=HELD_MAX, item=turn.item_id))
 
     async def feed(self, turn: Turn) -> None:
         handle, field = turn.handle, self.fields["input"]
@@ -531,7 +509,7 @@ class Connection:
 
     # ── the answer ──
 
-    async def forward(self, turn: Turn, event: dict) -> None:
+    async def forward(self, turn: Turn, event: dict, late: bool = False) -> None:
         """One event of the call as the response's deltas (called under `turn.out`)."""
         response = turn.response
         assert response is not None
@@ -539,16 +517,12 @@ class Connection:
             turn.done = client_events([event], self.runtime.bundle.python_path)[0]
             await self.finish(turn)
             return
-        if response.stopped is not None or response.failure is not None or response.finished.is_set():
-            return  # stopped: nothing more of it reaches the client
+        if late or response.failure is not None or response.finished.is_set():
+            return  # stopped: nothing taken since reaches the client
         field, value = event["field"], event["value"]
         if field == self.fields.get("text"):
             if not isinstance(value, str):
-                response.failure = wire.RealtimeError(
-                    f"the model `{self.model}`'s `{field}` sent a {type(value).__name__}, not text; fix the role that produces it",
-                    "not_text",
-                    kind="server_error",
-                )
+                response.failure = wire.refusal("not_text", None, model=self.model, field=field, kind=type(value).__name__)
                 await turn.handle.cancel("not text")
                 return
             response.text.append(value)
@@ -558,11 +532,7 @@ class Connection:
             try:
                 pcm = wire.pcm16_at(value, response.settings.output_rate, f"a frame of `{field}`")
             except ValueError as error:
-                response.failure = wire.RealtimeError(
-                    f"the model `{self.model}` cannot answer with audio: {error}; its role must send mono PCM16 audio",
-                    "not_audio",
-                    kind="server_error",
-                )
+                response.failure = wire.refusal("not_audio", None, model=self.model, error=error)
                 await turn.handle.cancel("not audio")
                 return
             data = base64.b64encode(pcm).decode("ascii")

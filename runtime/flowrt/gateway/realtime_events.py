@@ -43,6 +43,66 @@ class RealtimeError(Exception):
         return {"type": self.kind, "code": self.code, "message": self.message, "param": self.param, "event_id": self.event_id}
 
 
+# what the endpoint refuses beyond an event's shape: code -> (param, message, whether it is the server's)
+REFUSALS = {
+    "rate_change": (
+        "session.audio.input.format",
+        "`session.audio.input.format`: the input's rate cannot change while audio of a turn is appended and not "
+        "committed; commit (or clear) it first",
+        False,
+    ),
+    "too_many_turns": (
+        None,
+        "this connection has {most} turns open (audio whose response has not ended), the most it may; send "
+        "response.create for them, or wait for their responses to end",
+        False,
+    ),
+    "input_audio_buffer_full": (
+        "audio",
+        "the turn's audio waiting for its call is over {mib} MiB (the call before it is still running); commit and "
+        "send response.create, or append more slowly",
+        False,
+    ),
+    "input_audio_buffer_commit_empty": (
+        None,
+        "the input audio buffer is empty: append audio before input_audio_buffer.commit",
+        False,
+    ),
+    "response_settings": (
+        "response.{name}",
+        "`response.{name}`: per-response settings are not supported; set them with session.update",
+        False,
+    ),
+    "call_ended": (
+        None,
+        "the model `{model}`'s call for the audio being appended ended before input_audio_buffer.commit ({how}); "
+        "that audio is dropped: append the turn again",
+        True,
+    ),
+    "response_not_requested": (
+        None,
+        "the model `{model}` made more than {most} events for the audio of item `{item}` before a response.create "
+        "asked for them; its call was cancelled: send response.create after input_audio_buffer.commit",
+        False,
+    ),
+    "not_text": (None, "the model `{model}`'s `{field}` sent a {kind}, not text; fix the role that produces it", True),
+    "not_audio": (None, "the model `{model}` cannot answer with audio: {error}; its role must send mono PCM16 audio", True),
+}
+
+
+def refusal(code: str, event_id: str | None, **told: Any) -> RealtimeError:
+    """The error of REFUSALS[code], its message and param filled with `told`."""
+    param, message, servers = REFUSALS[code]
+    code_shown = "unsupported_field" if code == "response_settings" else "invalid_value" if code == "rate_change" else code
+    return RealtimeError(
+        message.format(**told),
+        code_shown,
+        param.format(**told) if param else None,
+        event_id,
+        "server_error" if servers else "",
+    )
+
+
 # ── the client's events ──
 
 
