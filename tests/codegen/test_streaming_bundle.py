@@ -1,8 +1,9 @@
 """The bundle of a graph with a streaming entry (`placeholder stream`): graphs.py and plan.json
 record it (`entry_stream`, the placeholder node's `stream`), flowrt reads it back
 (`flowrt.tables.entry_stream`) and runs it in process (`flowc run --once` takes the list of its
-frames); until replica processes and HTTP can carry an entry's frames, `--deploy local`, `ray`
-and serving over HTTP refuse it in one line that names the graph, the entry and what to do."""
+frames; served over HTTP, POST takes the list and the WebSocket endpoint the frames one by one);
+until replica processes can carry an entry's frames, `--deploy local` and `ray` refuse it in one
+line that names the graph, the entry and what to do."""
 
 from __future__ import annotations
 
@@ -86,12 +87,12 @@ def test_a_deployment_over_processes_refuses_it_before_starting_anything(bundle,
     assert str(refused.value) == f"{OUT}: " + REFUSED.format(how=f"--deploy {deploy}")
 
 
-def test_the_http_gateway_refuses_it(bundle):
+def test_the_http_gateway_serves_it(bundle):
     async def main():
         runtime = await Runtime.open(OUT)
-        try:
-            with pytest.raises(BundleError, match="not served over HTTP; call the graph in process instead"):
-                application(runtime)
+        try:  # POST takes the frames as a list, the WebSocket one by one (tests/gateway/test_websocket.py)
+            routes = {(route.method, route.resource.canonical) for route in application(runtime).router.routes()}
+            assert {("POST", "/graphs/{graph}"), ("GET", "/graphs/{graph}/ws")} <= routes
         finally:
             await runtime.close()
 
@@ -131,10 +132,6 @@ def test_flowc_run_refuses_what_it_cannot_run_in_one_line(bundle):
             (
                 ["--once", "talk", "--deploy", "local", "--input", '{"audio_in": ["x"], "voice": "v"}'],
                 "not --deploy local; call the graph in process",
-            ),
-            (
-                ["--http", "127.0.0.1:0"],
-                "graph `talk` streams `audio_in`: a streaming entry takes its frames only from a call in this process",
             ),
         ):
             result = run_flowc(target, *args)

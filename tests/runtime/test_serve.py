@@ -132,6 +132,7 @@ def test_a_call_streams_the_events_flowc_run_once_prints(image_chat_bundle: Path
         assert described["chat"] == {
             "entry": ["request"],
             "types": {"request": "Json"},
+            "entry_stream": [],
             "stream": ["token"],
             "return": ["image"],
             "timeout_s": None,

@@ -25,7 +25,6 @@ from typing import Any
 
 from aiohttp import web
 
-from flowrt.bundle import load_bundle, refuse_streaming_entries
 from flowrt.deploy.launch import Progress, open_deployment
 from flowrt.deploy.observed import gatherer
 from flowrt.errors import FlowrtError
@@ -94,7 +93,6 @@ async def serve(
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
     _try_listen(host, port)
-    refuse_streaming_entries(load_bundle(bundle_dir), "served over HTTP")  # (before any role loads its model)
     try:
         otlp.check()  # asked for and not installed: refused before any role loads its model
     except otlp.OtlpUnavailable as error:

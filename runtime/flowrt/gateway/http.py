@@ -2,8 +2,10 @@
 
     GET  /health                  {"status": "ok", "bundle": NAME, "graphs": [...], "core": how the control core runs}
     GET  /ready                   200 {"ready": true} while the server takes calls; 503 once it drains (SIGTERM)
-    GET  /graphs                  every graph: its entry placeholders and their types, streamed and returned fields
-    POST /graphs/{graph}          body: a JSON object of entry values (as `--input`);
+    GET  /graphs                  every graph: its entry placeholders and their types, which of them stream
+                                  (`entry_stream`), streamed and returned fields
+    POST /graphs/{graph}          body: a JSON object of entry values (as `--input`; a streaming entry's value
+                                  is the list of its frames, as `runtime.call` takes it);
                                   session: header `X-Flow-Session` or `?session=`; `?timeout=SECONDS`
                                   → 200 `application/x-ndjson`, one event per line, the lines
                                   `flowc run --once` prints, ending with the `done` event;
@@ -11,6 +13,9 @@
                                   under `trace` (flowrt.observe.trace; docs/observe.md); images
                                   and audio (values with `media()`) go in full, as base64 with
                                   their `format` (png, wav); `?summary=1`: as summaries instead
+    GET  /graphs/{graph}/ws       a WebSocket (protocol flowrt.ws.v1, docs/websocket.md): calls whose streaming
+                                  entries' frames arrive while they run, several on one connection, each
+                                  call's events as POST's, tagged with the call (flowrt.gateway.websocket)
     GET  /stats[?idle=SECONDS]    the runtime's statistics(); with `idle`, first waits (at most
                                   SECONDS) until no call is running or queued; under `local`
                                   and `ray`, also replicas up, restarts and each replica
@@ -39,7 +44,8 @@ The front door (flowrt.frontdoor; docs/security.md): API keys and session owners
 flowrt.gateway.admission), and what callers may see (flowrt.gateway.exposure).
 
 A call's events are written as they become ready: all the events ready when the previous write
-returns go out in one write, so a burst costs one send, and an event never waits for a later one.
+returns go out in one write, so a burst costs one send, and an event never waits for a later one
+(a graph with a streaming entry, its frames given as lists: one write per event, `runtime.call`'s).
 The answer starts with the call's first events (a call that is over by then is one plain answer
 with a Content-Length; else the events stream in chunks), so a call that waits for its
 session's turn sends nothing until it runs.
@@ -51,6 +57,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -60,12 +67,13 @@ from flowrt import options
 from flowrt.control import CORE, BadInputs, BadTimeout, Runtime, UnknownGraph
 from flowrt.control.sessions import reserved
 from flowrt.frontdoor import FrontDoor
-from flowrt.gateway import openai_routes
+from flowrt.gateway import openai_routes, websocket
 from flowrt.gateway.access import ADMIN, PRINCIPAL, Access, SessionOwners, refused_session
 from flowrt.gateway.admission import Admission, HeaderDeadline, Refused, read_body
 from flowrt.gateway.exposure import client_events, hide_paths, public_stats
 from flowrt.gateway.uploads import UploadError, multipart_inputs
 from flowrt.observe import CallTrace, Metrics, combine, otlp
+from flowrt.observe.audio import AudioClock, traced
 from flowrt.observe.calls import CallsInFlight
 from flowrt.observe.deployment import DeploymentMetrics
 from flowrt.observe.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -117,8 +125,8 @@ def event_lines(events: list[dict[str, Any]], *, media: bool = False) -> bytes:
 
 
 ROUTES = (
-    "GET /health, GET /ready, GET /graphs, GET /stats, GET /metrics, POST /graphs/GRAPH, POST /v1/chat/completions, "
-    "GET /v1/models"
+    "GET /health, GET /ready, GET /graphs, GET /stats, GET /metrics, POST /graphs/GRAPH, GET /graphs/GRAPH/ws (WebSocket), "
+    "POST /v1/chat/completions, GET /v1/models"
 )
 
 
@@ -179,6 +187,7 @@ async def graphs(request: web.Request) -> web.Response:
         name: {
             "entry": plan["entry"],
             "types": runtime.entry_types.get(name, {}),
+            "entry_stream": list(plan.get("entry_stream", ())),
             "stream": [o["field"] for o in plan["outputs"] if o["kind"] == "stream"],
             "return": [o["field"] for o in plan["outputs"] if o["kind"] == "return"],
             "timeout_s": plan.get("timeout_s"),
@@ -321,15 +330,24 @@ async def _answer(
 ) -> web.StreamResponse:
     try:
         observer = combine(runtime.observer, trace) if trace is not None else None
-        events = runtime.call_batches(graph, inputs, session=session, timeout=timeout, observer=observer)
+        program = runtime.programs.get(graph)
+        if program is not None and program.entry_stream:  # each streaming entry's frames as a list
+            runtime.check_inputs(graph, inputs)  # (bad inputs: answered at once, as call_batches raises them)
+            events = _one_by_one(runtime.call(graph, inputs, session=session, timeout=timeout, observer=observer))
+        else:
+            events = runtime.call_batches(graph, inputs, session=session, timeout=timeout, observer=observer)
     except UnknownGraph as error:
         return _error(404, str(error), "GET /graphs lists the graphs and their entry fields")
     except (BadInputs, BadTimeout) as error:
         return _error(422, str(error), "GET /graphs lists each graph's entry fields and their types")
     response: web.StreamResponse | None = None
     roots = runtime.bundle.python_path
+    clock = AudioClock(graph, time.perf_counter())  # (the whole input came with the request)
     try:
         async for batch in events:
+            now = time.perf_counter()
+            for event in batch:
+                clock.saw(event, now)
             if batch[-1]["event"] == "done":  # the call's last events, told as callers may see them
                 batch = client_events(batch, roots)
                 if response is None and _bad_input(batch[-1]):  # nothing written yet: the caller's to fix
@@ -337,7 +355,8 @@ async def _answer(
             data = event_lines(batch, media=media)  # images and audio in full, unless ?summary=1
             if batch[-1]["event"] == "done":  # the call's last events
                 if trace is not None:  # the trace's JSON text spliced in as the done event's last key
-                    data = data[: -len(b"}\n")] + b', "trace": ' + trace.chrome_trace_json() + b"}\n"
+                    traced_json = traced(trace.chrome_trace_json(), clock, trace.started, trace.pid)  # (+ its audio figures)
+                    data = data[: -len(b"}\n")] + b', "trace": ' + traced_json + b"}\n"
                 if response is None:  # all of them at once: one plain answer, one write
                     return web.Response(body=data, content_type=NDJSON)
                 await response.write_eof(data)
@@ -350,7 +369,17 @@ async def _answer(
         pass  # the client went away: closing the events below cancels its call
     finally:
         await events.aclose()  # cancels the call if it has not ended; it is retired even if this is cancelled
+        request.app[METRICS].audio.record(clock)
     return response if response is not None else web.Response(status=499)  # the client is gone: nobody reads it
+
+
+async def _one_by_one(events: Any) -> Any:
+    """`runtime.call`'s events as `call_batches` gives them, each in a list of its own."""
+    try:
+        async for event in events:
+            yield [event]
+    finally:
+        await events.aclose()
 
 
 def _bad_input(done: dict[str, Any]) -> bool:
@@ -377,7 +406,6 @@ def application(
     `gather` (flowrt.deploy.observed) adds the deployment's own metrics to /metrics; `front`:
     keys, limits and timeouts (none by default). flowrt.deploy.serving installs `app[HEADERS]`
     on the server's connections and drains `app[ADMISSION]` on SIGTERM."""
-    runtime.refuse_streaming_entries("served over HTTP")  # (no request carries an entry's frames yet)
     max_body = int(max_body_mb * 2**20)
     front = front or FrontDoor()
     headers = HeaderDeadline(front.header_timeout)
@@ -410,6 +438,7 @@ def application(
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/graphs/{graph}", call_graph)
     openai_routes.add_routes(app, runtime, app[ADMISSION], app[OWNERS], front.body_timeout)
+    websocket.add_routes(app, runtime, app[ADMISSION], app[OWNERS], max_body, app[METRICS].audio)  # GET /graphs/{graph}/ws
     return app
 
 
