@@ -298,6 +298,8 @@ def test_models_lists_the_realtime_endpoint_and_refusals_before_the_upgrade(bund
                 assert answer.status == 400 and "WebSocket" in (await answer.json())["error"]["message"]
             async with client.post(f"{base}/v1/realtime?model=talk") as answer:
                 assert answer.status == 405 and answer.headers["Allow"] == "GET"
+            async with client.get(f"{base}/v1/realtimes") as answer:  # elsewhere under /v1: the paths it answers
+                assert answer.status == 404 and "GET /v1/realtime (WebSocket)" in (await answer.json())["error"]["message"]
             await drained(Served(app, base, client), runtime)
 
     run(main())

@@ -337,7 +337,7 @@ def _sse(body: dict[str, Any]) -> bytes:
 # ── the routes ──
 
 POSTS = ("/v1/chat/completions", "/v1/images/generations", "/v1/audio/speech", "/v1/embeddings")
-PATHS = ", ".join(f"POST {path}" for path in POSTS) + ", GET /v1/models, GET /v1/models/MODEL"
+PATHS = ", ".join(f"POST {path}" for path in POSTS) + ", GET /v1/models, GET /v1/models/MODEL, GET /v1/realtime (WebSocket)"
 
 
 class ChatEndpoint:
