@@ -3,8 +3,9 @@
 A module under a bundle's `nodes/` holds its role's tables as plain literals (readable, diffable,
 no imports but this module) and calls `role_spec(...)`; the node controller then works from the
 `RoleSpec`. graphs.py's graph literals are read as they are; `entry_stream` reads which of a
-graph's entries stream. The literals have the shape of the static plan's JSON (docs/plan.schema.json), so a
-table read here equals the plan entry it came from; `RoleSpec.as_literal()` gives it back.
+graph's entries stream and `interruptible` whether its calls may be interrupted. The literals
+have the shape of the static plan's JSON (docs/plan.schema.json), so a table read here equals
+the plan entry it came from; `RoleSpec.as_literal()` gives it back.
 """
 
 from __future__ import annotations
@@ -195,6 +196,19 @@ def entry_stream(name: str, graph: dict) -> tuple[str, ...]:
             "rebuild the bundle with `flowc build`"
         )
     return tuple(names)
+
+
+def interruptible(name: str, graph: dict) -> bool:
+    """Whether graph `name` says `interruptible` (its plan entry's `interruptible`): a later call of
+    the same session made with `interrupt` cancels its running call (flowrt.control.interrupts).
+    A bundle from a flowc before it records nothing: not interruptible. Raises `TableError` when
+    the value is not a boolean."""
+    value = graph.get("interruptible", False)
+    if not isinstance(value, bool):
+        raise TableError(
+            f"graph `{name}`: `interruptible` must be True or False, not {value!r}; rebuild the bundle with `flowc build`"
+        )
+    return value
 
 
 def _node_literal(n: NodeTables) -> dict[str, Any]:

@@ -127,6 +127,7 @@ class GraphInfo:
     returns: list[ast.GraphField]
     settings: list[ast.Setting]
     config: dict = field(default_factory=dict)
+    interruptible: list[ast.InterruptibleClause] = field(default_factory=list)  # `interruptible` clauses (one expected)
 
 
 @dataclass

@@ -86,6 +86,7 @@ def _graph(decl: ast.Graph) -> GraphInfo:
         returns=[f for i in decl.items if isinstance(i, ast.ReturnClause) for f in i.fields],
         settings=settings,
         config=schema.interpret(settings, schema.GRAPH).values,
+        interruptible=[i for i in decl.items if isinstance(i, ast.InterruptibleClause)],
     )
 
 

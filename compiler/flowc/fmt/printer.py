@@ -271,6 +271,8 @@ class Printer:
                 self._emit(indent, f"stream {self._graph_field(item.field)}{ordered}", line)
             case ast.ReturnClause():
                 self._emit(indent, "return " + ", ".join(self._graph_field(f) for f in item.fields), line)
+            case ast.InterruptibleClause():
+                self._emit(indent, "interruptible", line)
             case ast.AllowClause():
                 self._emit(indent, allow_text(item), line)
             case ast.Setting():

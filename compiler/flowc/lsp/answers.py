@@ -144,11 +144,18 @@ def hover(program: Program, occurrence: Occurrence) -> str | None:
             parts += [f"stream {s.field.name.text}" + (" ordered" if s.ordered else "") for s in graph.streams]
             if graph.returns:
                 parts.append("return " + ", ".join(r.name.text for r in graph.returns))
+            if graph.interruptible:
+                parts.append("interruptible")
             text = _code(f"graph {name} {{ " + "  ".join(parts) + " }")
             streaming = [e.text for e in graph.entries if (p := program.placeholders.get(e.text)) is not None and p.stream]
             if streaming:
                 text += (
                     "\n\n**Streaming entry** " + ", ".join(f"`{e}`" for e in streaming) + ": frames given while the call runs."
+                )
+            if graph.interruptible:
+                text += (
+                    "\n\n**Interruptible**: a later call of the same session made with `interrupt` cancels its running "
+                    "call; what the caller took of it stays."
                 )
             return text
         case Kind.KEY:

@@ -122,6 +122,7 @@ def plan_graph(full: GraphIR) -> GraphPlan:
         start=ir.start,
         entry=tuple(e.text for e in ir.info.entries),
         entry_stream=tuple(e.text for e in ir.info.entries if _streams(ir, f"${e.text}")),
+        interruptible=bool(ir.info.interruptible),
         timeout_s=ir.info.config.get("timeout"),
         nodes=nodes,
         outputs=outputs,

@@ -79,6 +79,7 @@ class GraphPlan:
     start: str
     entry: tuple[str, ...]
     entry_stream: tuple[str, ...]  # the entries declared `placeholder stream`, in `entry`'s order: frames over the call
+    interruptible: bool  # `interruptible`: a call of the session that asks to interrupt cancels this graph's running call
     timeout_s: float | None
     nodes: dict[str, NodePlan]
     outputs: tuple[GraphOutput, ...]

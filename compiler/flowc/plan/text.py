@@ -21,7 +21,8 @@ def plan_text(plan: StaticPlan) -> str:
 def _graph(graph: GraphPlan) -> list[str]:
     timeout = f", timeout {graph.timeout_s:g}s" if graph.timeout_s else ""
     entry = ", ".join(f"{name} [stream]" if name in graph.entry_stream else name for name in graph.entry)
-    lines = [f"graph {graph.name} (entry {entry}{timeout})"]
+    interruptible = ", interruptible" if graph.interruptible else ""
+    lines = [f"graph {graph.name} (entry {entry}{timeout}{interruptible})"]
     for output in graph.outputs:
         producers = ", ".join(output.producers) or "nothing"
         ties = f"; equal keys from {', '.join(output.key_ties)} go in arrival order" if output.key_ties else ""

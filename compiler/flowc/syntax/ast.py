@@ -215,7 +215,12 @@ class ReturnClause(Node):
     fields: tuple[GraphField, ...]
 
 
-GraphItem = Union[EntryClause, StreamClause, ReturnClause, AllowClause, Setting]
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InterruptibleClause(Node):
+    """`interruptible`: a call of the session that asks to interrupt cancels this graph's running call."""
+
+
+GraphItem = Union[EntryClause, StreamClause, ReturnClause, InterruptibleClause, AllowClause, Setting]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

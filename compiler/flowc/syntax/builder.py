@@ -196,6 +196,9 @@ class AstBuilder(Transformer):
     def graph_decl(self, children: list) -> ast.Graph:
         return ast.Graph(name=_ident(children[1]), items=tuple(_nodes(children)), span=_span(children))
 
+    def interruptible_clause(self, children: list) -> ast.InterruptibleClause:
+        return ast.InterruptibleClause(span=_span(children))
+
     def entry_clause(self, children: list) -> ast.EntryClause:
         return ast.EntryClause(names=tuple(_names(children)), span=_span(children))
 

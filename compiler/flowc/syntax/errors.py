@@ -122,8 +122,8 @@ _NEEDS_NAMES = {
 # Keywords that cannot appear directly in a kind of block: the LALR tables share the states
 # after a setting between roles, interfaces and graphs, so their expected sets offer them all.
 _NOT_IN_BLOCK = {
-    "role": {"ENTRY", "STREAM", "ORDERED", "RETURN", "IN", "OUT", "JOIN"},
-    "interface": {"ENTRY", "ORDERED", "RETURN", "INTERFACE", "SHARE", "ALLOW"},
+    "role": {"ENTRY", "STREAM", "ORDERED", "RETURN", "IN", "OUT", "JOIN", "INTERRUPTIBLE"},
+    "interface": {"ENTRY", "ORDERED", "RETURN", "INTERFACE", "SHARE", "ALLOW", "INTERRUPTIBLE"},
     "graph": {"IN", "OUT", "JOIN", "INTERFACE", "SHARE"},
 }
 

@@ -1,5 +1,6 @@
-"""Checks on graph declarations: entries are placeholders, outputs have producers, and a graph
-can fill the OpenAI endpoints it `serves` (flowc.check.endpoints decides what each needs)."""
+"""Checks on graph declarations: entries are placeholders, outputs have producers, a graph
+can fill the OpenAI endpoints it `serves` (flowc.check.endpoints decides what each needs), and
+`interruptible` is said once, of a graph that streams something its caller can have heard."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from flowc.check import endpoints, schema
 from flowc.check.checks.common import repeated, repeats, text, unique
 from flowc.check.model import GraphInfo, Program
 from flowc.check.registry import Check, register
-from flowc.diagnostics import Diagnostic
+from flowc.diagnostics import Diagnostic, Note
 from flowc.syntax import ast
 
 
@@ -113,3 +114,34 @@ class Endpoints(Check):
                     code = "E178"
                 message = f"graph `{graph.name}` serves `{problem.endpoint}` ({path}), but {problem.message}"
                 yield Diagnostic(code, message, place.span, hint)
+
+
+@register
+class Interruptible(Check):
+    codes = {
+        "E179": "`interruptible` given twice in a graph",
+        "W175": "graph is `interruptible` but streams nothing to the caller",
+    }
+
+    def run(self, program: Program) -> Iterator[Diagnostic]:
+        for graph in program.graphs.values():
+            if not graph.interruptible:
+                continue
+            first = graph.interruptible[0]
+            for repeat in graph.interruptible[1:]:
+                yield Diagnostic(
+                    "E179",
+                    f"graph `{graph.name}` says `interruptible` twice",
+                    repeat.span,
+                    "remove the repetition",
+                    (Note(first.span, "first here"),),
+                )
+            if not graph.streams:
+                yield Diagnostic(
+                    "W175",
+                    f"graph `{graph.name}` is `interruptible` but streams nothing, so an interrupted call has "
+                    "delivered nothing partial: interrupting it only cancels it, and no role can keep what its caller heard",
+                    first.span,
+                    "stream the field the user sees as it is made (`stream FIELD`), or drop `interruptible`; "
+                    "`allow W175` if cancelling is all you want",
+                )
