@@ -79,6 +79,7 @@ graph listen {
 graph chat {
     entry  words
     stream echoed ordered
+    interruptible
 }
 
 graph store {
@@ -488,6 +489,33 @@ def test_bad_messages_are_errors_naming_the_place_and_the_fix_and_the_call_goes_
                 assert not others and [m["type"] for m in late] == ["error", "error"], (others, late)
                 assert "has ended (`end` came)" in late[0]["error"] and late[0]["about"] == "frame"
                 assert "has ended already" in late[1]["error"] and late[1]["about"] == "end"
+            await drained(Served(app, base, client), runtime)
+
+    run(main())
+
+
+@pytest.mark.skipif("interrupt" not in inspect.signature(Runtime.start).parameters, reason="no barge-in in this runtime")
+def test_a_start_with_interrupt_cuts_the_sessions_running_call_short(bundle):
+    async def main():
+        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
+            async with client.ws_connect(f"{base}/graphs/chat/ws", headers={"X-Flow-Session": "conv"}) as ws:
+                await receive(ws)
+                await ws.send_json({"type": "start", "call": "t1", "inputs": {}})
+                await ws.send_json({"type": "frame", "call": "t1", "field": "words", "value": "a long reply"})
+                seen = [(await receive(ws))["event"] for _ in range(3)]  # t1 streams, its input still open
+                await ws.send_json({"type": "start", "call": "t2", "inputs": {}, "interrupt": True})
+                await ws.send_json({"type": "frame", "call": "t2", "field": "words", "value": "stop"})
+                await ws.send_json({"type": "end", "call": "t2", "field": "words"})
+                others: dict = {}
+                one = await until_done(ws, "t1", seen, others)
+                assert one[-1]["status"] == "cancelled" and one[-1]["reason"] == "interrupted"
+                assert [e["value"] for e in one if e["event"] == "stream"] == ["a", "long", "reply"]  # what was delivered
+                two = await until_done(ws, "t2", [m["event"] for m in others.pop("t2", [])])
+                assert [e["value"] for e in two if e["event"] == "stream"] == ["stop"] and two[-1]["status"] == "ok"
+            async with client.ws_connect(f"{base}/graphs/chat/ws") as ws:  # no session: nothing to interrupt
+                await receive(ws)
+                await ws.send_json({"type": "start", "call": "t3", "inputs": {}, "interrupt": True})
+                await expect_error(ws, call="t3", about="start", over=True, words=["`interrupt`", "session=..."])
             await drained(Served(app, base, client), runtime)
 
     run(main())

@@ -14,8 +14,9 @@ Bounds: a call's inbox holds `INBOX` messages; while it is full (the call has no
 or its consumers are behind: rule 13's bounds in `send`), the connection is not read, so TCP
 holds the client back. A client that does not read its events holds its calls' events in the
 runtime's bounded outbox, and the socket's writes wait for it (aiohttp's drain): nothing grows
-without bound. A message over the server's body limit (--max-body-mb) closes the connection
-with code 1009; a connection has at most `MAX_CALLS` calls open at once.
+without bound; a peer that answers no ping (`HEARTBEAT`) is closed. A message over the server's
+body limit (--max-body-mb) closes the connection with code 1009; a connection has at most
+`MAX_CALLS` calls open at once.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from flowrt.values import event_json
 
 MAX_CALLS = 16  # calls open at once on one connection
 INBOX = 64  # a call's frames and ends read from the connection and not yet taken by the runtime
+HEARTBEAT = 30.0  # seconds of silence after which the server pings; no pong within half of it closes the connection
 BINARY_TYPES = ("Audio", "Bytes")  # the types of streaming entry a binary message can be a frame of
 CONNECTIONS: web.AppKey[dict] = web.AppKey("websockets", dict)  # the open connections (ws -> Connection)
 SHUTDOWN_WAIT = 5.0  # seconds the server's shutdown waits for a connection's cancelled calls to write their `done`
@@ -98,7 +100,7 @@ class WebSocketEndpoint:
         if self.admission.draining:
             refused = Refused(503, "the server is stopping and takes no new connections", "shutdown")
             return _error(503, refused.message, "connect to another server", refused.code, refused.headers())
-        ws = web.WebSocketResponse(protocols=(wire.PROTOCOL,), max_msg_size=self.max_bytes, compress=False)
+        ws = web.WebSocketResponse(protocols=(wire.PROTOCOL,), max_msg_size=self.max_bytes, compress=False, heartbeat=HEARTBEAT)
         if not ws.can_prepare(request).ok:
             return _error(
                 400,
