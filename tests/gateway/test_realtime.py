@@ -33,7 +33,7 @@ from flowrt.control import Runtime, bounds
 from flowrt.frontdoor import FrontDoor
 from flowrt.gateway import application
 from flowrt.gateway.realtime import CONNECTIONS
-from tests.deploy.helpers import bundle_with_roles, wait_for
+from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
 from tests.runtime.harness import assert_clean
 
 FLOW = """
@@ -76,6 +76,7 @@ graph chat {
 
 ROLES = """
 import array
+import asyncio
 import base64
 
 from flowrt import media
@@ -84,6 +85,8 @@ RATE = 16000  # the graph speaks at 16 kHz
 GATED = 777  # a turn whose first sample is this makes a chunk per permit of GATE[0]
 FLOOD = 555  # ... and this one, FLOOD_CHUNKS chunks of 64 KiB as fast as it can
 FLOOD_CHUNKS = 4000
+LONG = 333  # ... and this one, LONG_CHUNKS small chunks, a turn of the event loop between them
+LONG_CHUNKS = 100_000
 GATE = [None]
 HEARD = []  # (samples, sample rate) of every frame heard, in order
 MADE = {}  # chunks the voice has made, by the first sample of the turn
@@ -112,10 +115,12 @@ class Voice:
         told = settings[0]
         words = [f"heard {len(heard)} chunks,", f"{sum(h['samples'] for h in heard)} samples,", told["instructions"] or "-"]
         first = heard[0]["first"] if heard else 0
-        count = {GATED: 1000, FLOOD: FLOOD_CHUNKS}.get(first, len(words))
+        count = {GATED: 1000, FLOOD: FLOOD_CHUNKS, LONG: LONG_CHUNKS}.get(first, len(words))
         for i in range(count):
             if first == GATED:
                 await GATE[0].acquire()
+            elif first == LONG:
+                await asyncio.sleep(0)
             MADE[first] = MADE.get(first, 0) + 1
             samples = [i] * (32768 if first == FLOOD else 160)
             yield {"text": words[i % len(words)], "speech": Speech(array.array("h", samples).tobytes())}
@@ -155,9 +160,9 @@ class Served(NamedTuple):
 
 
 @contextlib.asynccontextmanager
-async def served(runtime: Runtime, front: FrontDoor | None = None, max_body_mb: float = 1.0):
+async def served(runtime: Runtime, front: FrontDoor | None = None, max_body_mb: float = 1.0, deployment=None):
     """The gateway over `runtime` on 127.0.0.1 (as flowrt.deploy.serving runs it), and a client."""
-    app = application(runtime, max_body_mb, front=front)
+    app = application(runtime, max_body_mb, deployment, front=front)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -637,3 +642,32 @@ def test_barge_in_on_an_interruptible_graph_tells_the_next_turn_exactly_what_was
             assert dict(record.frames) == delivered, (dict(record.frames), delivered)
 
     run(main())
+
+
+def test_a_conversation_with_a_barge_in_under_deploy_local(bundle):
+    speech = ("response.output_audio.delta", "response.output_audio_transcript.delta")
+
+    async def main():
+        async with deployed(bundle, "local") as deployment, served(deployment.runtime, deployment=deployment) as served_:
+            base, client = served_.base, served_.client
+            async with client_of(base).realtime.connect(model="talk") as connection:
+                await until(connection, "session.created")
+                await connection.input_audio_buffer.append(audio=b64([333, 1]))  # a long reply (LONG)
+                await connection.response.create()
+                first = await until(connection, "response.created", [])
+                await until(connection, "response.output_audio.delta", [])  # it streams ...
+                for chunk in CHUNKS_2:
+                    await connection.input_audio_buffer.append(audio=b64(chunk))
+                await connection.response.create()  # ... and the user talks over it
+                events: list = []
+                done = await until(connection, "response.done", events, seconds=30)
+                assert done.response.id == first.response.id and done.response.status == "cancelled"
+                created, events, done = await response_of(connection, [e for e in events if e.type not in speech])
+                assert deltas(events, "response.output_audio_transcript.delta") == ["heard 2 chunks,", "16 samples,", "-"]
+                assert done.response.status == "completed"
+            async with client.get(f"{base}/stats?idle=5") as answer:
+                stats = await answer.json()
+            assert stats["calls"] == 0 and stats["in_flight"] == [] and stats["admitted_running"] == 0, stats
+            await assert_clean_everywhere(deployment)
+
+    run(main(), 120)
