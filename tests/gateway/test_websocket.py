@@ -13,6 +13,8 @@ import base64
 import contextlib
 import inspect
 import json
+import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -30,6 +32,7 @@ from flowrt.gateway.ws_wire import PROTOCOL
 from flowrt.values import event_json
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
 from tests.runtime.harness import assert_clean
+from tests.runtime.test_serve import serving
 
 FLOW = """
 flow wsflow
@@ -747,3 +750,33 @@ async def drained_deployment(app, base, client, deployment) -> None:
         stats = await answer.json()
     assert stats["calls"] == 0 and stats["in_flight"] == [] and stats["admitted_running"] == 0, stats
     await assert_clean_everywhere(deployment)
+
+
+def test_flowc_run_serves_it_under_local_and_sigterm_ends_open_calls_then_closes_going_away(bundle):
+    """The real server process (`flowc run --http --deploy local --grace 0`): a call over the
+    WebSocket, and SIGTERM while one is open: its `done` says `shutdown`, then close 1001, exit 0."""
+    command = [sys.executable, "-m", "flowc", "run", str(bundle), "--http", "127.0.0.1:0", "--deploy", "local", "--grace", "0"]
+
+    async def main(server):
+        base = f"http://{server.host}:{server.port}"
+        async with aiohttp.ClientSession() as client, client.ws_connect(f"{base}/graphs/listen/ws") as ws:
+            assert (await receive(ws))["protocol"] == PROTOCOL
+            await ws.send_json({"type": "start", "call": "a", "inputs": {"voice": "cy"}, "binary": {}})
+            await ws.send_bytes(pcm(CHUNKS[1]))
+            await ws.send_json({"type": "end", "call": "a", "field": "audio_in"})
+            got = await until_done(ws, "a")
+            assert [e["value"]["sum"] for e in got if e["event"] == "stream"] == [sum(CHUNKS[1])]
+            await ws.send_json({"type": "start", "call": "b", "inputs": {"voice": "cy"}, "binary": {}})
+            await ws.send_bytes(pcm(CHUNKS[0]))
+            seen = [(await receive(ws))["event"]]
+            while seen[-1]["event"] != "stream":  # b runs, its input open
+                seen.append((await receive(ws))["event"])
+            os.kill(server.process.pid, signal.SIGTERM)
+            done = (await until_done(ws, "b", seen))[-1]
+            assert done["status"] == "cancelled" and done["reason"] == "shutdown", done
+            closing = await ws.receive(timeout=30)
+            assert closing.type is WSMsgType.CLOSE and closing.data == aiohttp.WSCloseCode.GOING_AWAY
+
+    with serving(bundle, command) as server:
+        run(main(server), 120)
+        assert server.process.wait(timeout=60) == 0
