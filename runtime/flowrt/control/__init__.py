@@ -1,7 +1,7 @@
 """flowrt's control flow: node tables executed by lookup, buckets, order, joins, completion.
 
 The public names are re-exported here; the modules own one piece each (program, signals,
-bucket, sequencer, roles, call, bounds, contract, impls, sessions, inputs, runtime; and for a call
+bucket, sequencer, roles, call, bounds, contract, impls, sessions, inputs, interrupts, runtime; and for a call
 spread over processes: credit, envelopes, quiescence, shards). `COMPILED` says whether the
 core runs compiled or from its Python sources, and `CORE` says why (flowrt.control.native).
 """
@@ -12,6 +12,7 @@ COMPILED, CORE = native.select()  # before the core's modules are imported
 
 from flowrt.control.bucket import Bucket  # noqa: E402
 from flowrt.control.call import Call  # noqa: E402
+from flowrt.control.interrupts import Interrupted  # noqa: E402
 from flowrt.control.roles import Context  # noqa: E402
 from flowrt.control.runtime import (  # noqa: E402
     BadInputs,
@@ -39,6 +40,7 @@ __all__ = [
     "FlowrtError",
     "GCScheduler",
     "InputClosed",
+    "Interrupted",
     "Reason",
     "RoleError",
     "Runtime",

@@ -49,13 +49,20 @@ class CallHandle:
     `await handle.send(field, value)`, `await handle.end(field)`, `await handle.cancel()`."""
 
     def __init__(
-        self, runtime: Runtime, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None, observer: Any
+        self,
+        runtime: Runtime,
+        program: GraphProgram,
+        inputs: dict,
+        session: str | None,
+        deadline: float | None,
+        observer: Any,
+        interrupt: bool = False,
     ):
         self.runtime = runtime
         self.program = program
         self.graph = program.name
         self.call: Call | None = None  # the call once admitted and started
-        self._events = self._run(inputs, session, deadline, observer)
+        self._events = self._run(inputs, session, deadline, observer, interrupt)
         self._admission: asyncio.Future | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         self._ended: set[str] = set()
@@ -129,17 +136,21 @@ class CallHandle:
         finally:
             self._reading -= 1
 
-    async def _run(self, inputs: dict, session: str | None, deadline: float | None, observer: Any) -> AsyncIterator[Any]:
+    async def _run(
+        self, inputs: dict, session: str | None, deadline: float | None, observer: Any, interrupt: bool
+    ) -> AsyncIterator[Any]:
         """The call's life, as `Runtime.call` runs it: admitted, started (then ADMITTED), its
-        events, and its retirement however the generator ends (unless `cancel` retired it)."""
+        events (those its caller takes, for an interruptible graph: flowrt.control.interrupts),
+        and its retirement however the generator ends (unless `cancel` retired it)."""
         runtime = self.runtime
-        call, watchdog, anonymous = await runtime._admit(self.program, inputs, session, deadline, observer)
+        call, watchdog, anonymous = await runtime._admit(self.program, inputs, session, deadline, observer, interrupt)
         self._leaving = (call, watchdog, anonymous)
         try:
             call.start()
             self.call = call
             yield ADMITTED
             outbox = call.outbox
+            taken = runtime.interrupts.taken.get(call)
             while True:
                 if not outbox:
                     call.waiter = call.loop.create_future()
@@ -149,7 +160,8 @@ class CallHandle:
                     call.taken()
                 if event is None:
                     break
-                yield event
+                if taken is None or taken.take(event):
+                    yield event
         finally:
             await self._leave()
 
@@ -261,14 +273,20 @@ def frames_of(runtime: Runtime, program: GraphProgram, field: str, value: Any) -
 
 
 async def fed_events(
-    runtime: Runtime, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None, observer: Any
+    runtime: Runtime,
+    program: GraphProgram,
+    inputs: dict,
+    session: str | None,
+    deadline: float | None,
+    observer: Any,
+    interrupt: bool = False,
 ) -> AsyncIterator[dict]:
     """The events of `Runtime.call` on a graph with streaming entries, whose checked `inputs` give
     each one's frames as a list: every entry's frames are sent by a task of its own (a consumer
     of two of them may hold the frames of one until the other's come), then it is ended."""
     streaming = program.entry_stream
     given = {name: value for name, value in inputs.items() if name not in streaming}
-    handle = CallHandle(runtime, program, given, session, deadline, observer)
+    handle = CallHandle(runtime, program, given, session, deadline, observer, interrupt)
     feeders: list[asyncio.Future] = []
     try:
         await handle._admitted()

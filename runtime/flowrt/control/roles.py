@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from flowrt.control.interrupts import Interrupted, seen
 from flowrt.control.sessions import SCOPE_KEY
 from flowrt.control.threads import ReplicaThread
 from flowrt.tables import RoleSpec
@@ -52,6 +53,13 @@ class Context:
         self.logger = logger
         self.replica = replica
         self.memory = memory
+
+    @property
+    def interrupted(self) -> Interrupted | None:
+        """What the user received of the session's call this call interrupted (its id, graph and
+        the frames of each streamed field its caller took), for a role that keeps a history in its
+        session's globals; None where this call interrupted none (flowrt.control.interrupts)."""
+        return seen(self.globals)
 
     def kv(self, name: str = "kv") -> Any:
         """This session's handle on the KV pool of global `name` (flowrt.params.session.KVSession):

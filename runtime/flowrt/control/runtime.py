@@ -17,6 +17,8 @@ activation; a call may name its own instead (`call(..., observer=)`: a trace of 
 
 A graph with streaming entries takes their frames while it runs: `start` gives a handle that
 sends them and yields the events (flowrt.control.inputs); `call` takes each one's frames as a list.
+A call made with `interrupt` cancels its session's running call of an `interruptible` graph
+(flowrt.control.interrupts).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from flowrt.bundle import Bundle, BundleError, load_bundle, refuse_streaming_ent
 from flowrt.control import impls
 from flowrt.control.call import Call
 from flowrt.control.inputs import CallHandle, fed_events, frames_of
+from flowrt.control.interrupts import REASON, Interrupts
 from flowrt.control.program import GraphProgram
 from flowrt.control.roles import Context, RoleBinding
 from flowrt.control.sessions import PREFIX_SCOPE, SCOPE_KEY, GCScheduler, SessionStore, anonymous_session, reserved
@@ -43,7 +46,7 @@ from flowrt.control.threads import ReplicaThread, streams
 from flowrt.entry_types import EntryTypeError, checker
 from flowrt.errors import BadInputs, BadTimeout, FlowrtError, InputClosed, RoleError, UnknownGraph, place
 from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
-from flowrt.tables import RoleSpec, node_tables
+from flowrt.tables import RoleSpec, interruptible, node_tables
 
 __all__ = [
     "BadInputs",
@@ -99,6 +102,7 @@ class Runtime:
         declared = bundle.plan.get("globals") or {}
         self.kv_globals = [name for name in self.global_names if (declared.get(name) or {}).get("kind") == "KVCache"]
         self.scheduler = GCScheduler()
+        self.interrupts = Interrupts(frozenset(g for g, plan in bundle.plan["graphs"].items() if interruptible(g, plan)))
         self.sessions = SessionStore(
             self.globals,
             self.global_names,
@@ -247,25 +251,28 @@ class Runtime:
         session: str | None = None,
         timeout: float | None = None,
         observer: Any = None,
+        interrupt: bool = False,
     ) -> AsyncIterator[dict]:
         """Call a graph; yields its events (stream, return, done) as dicts. Bad inputs raise
         UnknownGraph, BadInputs (a session that is not a str too) or BadTimeout at the first step. `observer` (flowrt.observe)
         hears of this call instead of the runtime's `observer`. A streaming entry's value is the
-        list of its frames, sent while the call runs, then ended (`start` sends them one by one)."""
-        program, inputs, deadline = self._prepare(graph, inputs, timeout)
+        list of its frames, sent while the call runs, then ended (`start` sends them one by one).
+        `interrupt`: cancel the session's running call of an interruptible graph (flowrt.control.interrupts)."""
+        program, inputs, deadline = self._prepare(graph, inputs, timeout, session, interrupt)
         if program.entry_stream:
-            events = fed_events(self, program, inputs, session, deadline, observer)
+            events = fed_events(self, program, inputs, session, deadline, observer, interrupt)
             try:
                 async for event in events:
                     yield event
             finally:
                 await events.aclose()
             return
-        call, watchdog, anonymous = await self._admit(program, inputs, session, deadline, observer)
+        call, watchdog, anonymous = await self._admit(program, inputs, session, deadline, observer, interrupt)
         try:
             call.start()
             outbox = call.outbox
             loop = call.loop
+            taken = self.interrupts.taken.get(call)  # (a call of an interruptible graph: what its caller took)
             while True:
                 if not outbox:
                     call.waiter = loop.create_future()
@@ -275,7 +282,8 @@ class Runtime:
                     call.taken()
                 if event is None:
                     break
-                yield event
+                if taken is None or taken.take(event):
+                    yield event
         finally:
             await self._leave(call, watchdog, anonymous)
 
@@ -286,16 +294,17 @@ class Runtime:
         session: str | None = None,
         timeout: float | None = None,
         observer: Any = None,
+        interrupt: bool = False,
     ) -> AsyncIterator[list[dict]]:
         """Like `call`, but bad inputs raise here, at once, and the events come in lists: all
         the events ready when the caller asks, so a server can write them at once."""
-        program, inputs, deadline = self._prepare(graph, inputs, timeout)
+        program, inputs, deadline = self._prepare(graph, inputs, timeout, session, interrupt)
         if program.entry_stream:
             raise BadInputs(
                 f"graph `{graph}` has streaming entries ({', '.join(program.entry_stream)}): call it with `call` "
                 "(each one's frames as a list) or `start` (sent one by one)"
             )
-        return self._batches(program, inputs, session, deadline, observer)
+        return self._batches(program, inputs, session, deadline, observer, interrupt)
 
     def start(
         self,
@@ -304,29 +313,31 @@ class Runtime:
         session: str | None = None,
         timeout: float | None = None,
         observer: Any = None,
+        interrupt: bool = False,
     ) -> CallHandle:
         """Start a call whose streaming entries' frames the caller sends while it runs:
         `inputs` gives the other entries; the handle sends (`await h.send(field, value)`), ends
         (`await h.end(field)`), yields the events (`async for event in h`) and cancels
         (`await h.cancel()`); flowrt.control.inputs. The call is admitted when the handle is
-        first used. UnknownGraph, BadInputs or BadTimeout at once."""
+        first used. UnknownGraph, BadInputs or BadTimeout at once. `interrupt` as for `call`."""
         program, checked = self.check_inputs(graph, inputs, fed=True)
         deadline = self._deadline(program, timeout)
-        self._check_session(program, session)
+        self._check_session(program, session, interrupt)
         if self.shards is not None and program.entry_stream:
             raise FlowrtError(
                 f"graph `{graph}`: streaming entries do not run on calls spread over processes yet; unset FLOWRT_CONTROL"
             )
-        return CallHandle(self, program, checked, session, deadline, observer)
+        return CallHandle(self, program, checked, session, deadline, observer, interrupt)
 
     async def _batches(
-        self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None, observer: Any
+        self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None, observer: Any, interrupt: bool
     ) -> AsyncIterator[list[dict]]:
-        call, watchdog, anonymous = await self._admit(program, inputs, session, deadline, observer)
+        call, watchdog, anonymous = await self._admit(program, inputs, session, deadline, observer, interrupt)
         try:
             call.start()
             outbox = call.outbox
             loop = call.loop
+            taken = self.interrupts.taken.get(call)
             while True:
                 if not outbox:
                     call.waiter = loop.create_future()
@@ -335,6 +346,10 @@ class Runtime:
                 outbox.clear()
                 if call.outbox_waiters:
                     call.taken()
+                if taken is not None:
+                    batch = [event for event in batch if event is None or taken.take(event)]
+                    if not batch:
+                        continue
                 if batch[-1] is None:  # the call's last event is followed by None
                     batch.pop()
                     if batch:
@@ -344,8 +359,12 @@ class Runtime:
         finally:
             await self._leave(call, watchdog, anonymous)
 
-    def _prepare(self, graph: str, inputs: dict[str, Any], timeout: float | None) -> tuple[GraphProgram, dict, float | None]:
+    def _prepare(
+        self, graph: str, inputs: dict[str, Any], timeout: float | None, session: Any = None, interrupt: bool = False
+    ) -> tuple[GraphProgram, dict, float | None]:
         program, checked = self.check_inputs(graph, inputs)
+        if interrupt:
+            self._check_session(program, session, interrupt)
         return program, checked, self._deadline(program, timeout)
 
     def _deadline(self, program: GraphProgram, timeout: float | None) -> float | None:
@@ -356,8 +375,13 @@ class Runtime:
         except ValueError as error:
             raise BadTimeout(f"timeout: {error}") from None
 
-    def _check_session(self, program: GraphProgram, session: str | None) -> None:
-        """BadInputs for a session that is not a str, or that no caller may name."""
+    def _check_session(self, program: GraphProgram, session: str | None, interrupt: bool = False) -> None:
+        """BadInputs for a session that is not a str, or that no caller may name; or none with `interrupt`."""
+        if interrupt and session is None:
+            raise BadInputs(
+                f"graph `{program.name}`: `interrupt` cancels the running call of the caller's session, and this call "
+                "names none; pass the conversation's session (session=...)"
+            )
         if session is not None and type(session) is not str:
             raise BadInputs(
                 f"graph `{program.name}`: session must be a str (or None: a session of the call's own), "
@@ -367,11 +391,21 @@ class Runtime:
             raise BadInputs(f"graph `{program.name}`: {reserved(session)}")
 
     async def _admit(
-        self, program: GraphProgram, inputs: dict, session: str | None, deadline: float | None, observer: Any = None
+        self,
+        program: GraphProgram,
+        inputs: dict,
+        session: str | None,
+        deadline: float | None,
+        observer: Any = None,
+        interrupt: bool = False,
     ) -> tuple[Call, asyncio.TimerHandle | None, bool]:
-        """Wait for the session's turn; the call (not started), its watchdog, and whether its
-        session is its own. A session that is not a str is BadInputs."""
-        self._check_session(program, session)
+        """Wait for the session's turn (with `interrupt`, after cancelling the calls of interruptible
+        graphs ahead: flowrt.control.interrupts); the call (not started; cancelled if a later call
+        interrupted it while it waited), its watchdog, and whether its session is its own. A
+        session that is not a str is BadInputs."""
+        self._check_session(program, session, interrupt)
+        interrupts = self.interrupts
+        record = waiting = None
         call_id = next(self.call_ids)
         if session is None:
             session = anonymous_session()  # its own session: unguessable, and no caller can name it
@@ -379,7 +413,12 @@ class Runtime:
         else:
             anonymous = False
             self.sessions.busy(session)
+            if interrupt:
+                record, cancelled = interrupts.interrupt(session, self.calls)
+                for stopped in cancelled:  # (each leaves the session once it has ended, read or not)
+                    self._retire_soon(stopped, False)
         if not self.scheduler.enter(session):
+            waiting = interrupts.wait(session, program.name, record)
             try:
                 await self.scheduler.acquire(session)
             except BaseException:
@@ -387,6 +426,8 @@ class Runtime:
                     self._rest(session, anonymous)
                     self._wake_idle()
                 raise
+            finally:
+                interrupts.admitted(session, waiting)
         if self.kv_globals:  # the caller's prefix scope travels with the session's KV state (flowrt.control.sessions)
             scope = PREFIX_SCOPE.get()
             if scope is not None:
@@ -403,6 +444,10 @@ class Runtime:
         if self.shards is not None:
             self.shards.attach(call)
         self.calls.add(call)
+        if waiting is not None and waiting.interrupted:  # a later call interrupted it while it waited: it never runs
+            call.cancel(REASON)
+            self._retire_soon(call, anonymous)
+        interrupts.started(call, None if call.cancelled else record, self.globals, self.global_names)
         watchdog = call.loop.call_later(deadline, call.cancel, "timeout") if deadline else None
         return call, watchdog, anonymous
 
@@ -417,19 +462,27 @@ class Runtime:
             self._retire(call, anonymous)
             return
         call.cancel("client gone")
+        await asyncio.shield(self._retire_soon(call, anonymous))
+
+    def _retire_soon(self, call: Call, anonymous: bool) -> asyncio.Future:
+        """Retire `call` once it has ended, whoever waits for that (a task the runtime's `close` awaits)."""
         retiring = asyncio.ensure_future(self._retire_when_ended(call, anonymous))
         self._retiring.add(retiring)
         retiring.add_done_callback(self._retiring.discard)
-        await asyncio.shield(retiring)
+        return retiring
 
     async def _retire_when_ended(self, call: Call, anonymous: bool) -> None:
         await call.wait_ended()
         self._retire(call, anonymous)
 
     def _retire(self, call: Call, anonymous: bool) -> None:
-        """The call has ended and its caller is gone: release its session's turn, keep or drop
-        the session's state, and wake `wait_idle` callers if nothing is in flight."""
+        """The call has ended and its caller is gone (or it was interrupted): release its session's
+        turn, keep or drop the session's state, and wake `wait_idle` callers if nothing is in
+        flight. Once: a call already retired is not in `calls`."""
+        if call not in self.calls:
+            return
         self.calls.discard(call)
+        self.interrupts.retired(call, self.globals)
         if self.binder is not None:
             self.binder.retired(call.call_id)  # (what it held elsewhere, shared memory say, is released)
         session = call.session
