@@ -12,11 +12,13 @@ import asyncio
 import base64
 import contextlib
 import inspect
+import io
 import json
 import os
 import signal
 import socket
 import sys
+import wave
 from pathlib import Path
 from typing import NamedTuple
 
@@ -146,6 +148,12 @@ class Speech:
 
     def summary(self):
         return {"audio": {"samples": self.samples, "sample_rate": 16000}}
+
+    def media(self):  # a PCM16 WAV of `samples` samples counting up, as flowstd's speech chunks carry theirs
+        from flowrt import media
+
+        pcm = array.array("h", range(self.samples)).tobytes()
+        return media.carried("wav", media.encode_wav(pcm, 16000), sample_rate=16000, samples=self.samples)
 
 
 class Speaker:
@@ -394,14 +402,46 @@ def test_a_calls_time_to_first_audio_is_on_metrics(bundle):
                 await ws.send_json({"type": "frame", "call": "s", "field": "words", "value": "one three"})
                 await ws.send_json({"type": "end", "call": "s", "field": "words"})
                 got = await until_done(ws, "s")
-                assert [e["value"] for e in got if e["event"] == "stream"] == [
-                    {"audio": {"samples": 4800, "sample_rate": 16000}},
-                    {"audio": {"samples": 8000, "sample_rate": 16000}},
-                ]
+                speech = [e["value"] for e in got if e["event"] == "stream"]
+                assert [(v["format"], v["samples"]) for v in speech] == [("wav", 4800), ("wav", 8000)]
             async with client.get(f"{base}/metrics") as answer:
                 text = await answer.text()
             assert 'flowrt_time_to_first_audio_seconds_count{graph="speak"} 1.0' in text, text
             assert 'flowrt_audio_real_time_factor_count{graph="speak"} 1.0' in text
+            await drained(Served(app, base, client), runtime)
+
+    run(main())
+
+
+def test_binary_out_sends_each_audio_value_as_the_event_then_its_bytes(bundle):
+    async def main():
+        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
+            async with client.ws_connect(f"{base}/graphs/speak/ws") as ws:
+                await receive(ws)
+                for call, binary_out in (("j", False), ("b", True)):  # two calls at once, one of each
+                    await ws.send_json({"type": "start", "call": call, "inputs": {}, "binary_out": binary_out})
+                    await ws.send_json({"type": "frame", "call": call, "field": "words", "value": "hi there"})
+                    await ws.send_json({"type": "end", "call": call, "field": "words"})
+                files: dict[str, list[bytes]] = {"j": [], "b": []}
+                done: set[str] = set()
+                while done != {"j", "b"}:
+                    message = await receive(ws)
+                    event = message["event"]
+                    if event["event"] == "done":
+                        assert event["status"] == "ok"
+                        done.add(message["call"])
+                    elif message["call"] == "j":
+                        assert "binary" not in event["value"]
+                        files["j"].append(base64.b64decode(event["value"]["base64"]))
+                    else:  # the event says how many bytes; the very next message holds them
+                        assert "base64" not in event["value"] and event["value"]["format"] == "wav"
+                        data = await ws.receive(timeout=10)
+                        assert data.type is WSMsgType.BINARY and len(data.data) == event["value"]["binary"]
+                        files["b"].append(data.data)
+                assert files["b"] == files["j"] and len(files["b"]) == 2
+                with wave.open(io.BytesIO(files["b"][1])) as speech:
+                    assert speech.getframerate() == 16000 and speech.getnframes() == 1600 * 5
+                    assert array.array("h", speech.readframes(5)).tolist() == [0, 1, 2, 3, 4]
             await drained(Served(app, base, client), runtime)
 
     run(main())

@@ -161,6 +161,7 @@ class Connection:
         self.turns: dict[str, Turn] = {}
         self.binary_turn: Turn | None = None  # the call binary messages go to
         self.interrupts = "interrupt" in inspect.signature(self.runtime.start).parameters
+        self.sending = asyncio.Lock()  # (an event and the binary message of its media go out together)
 
     async def serve(self) -> None:
         limits = {"max_message_bytes": self.endpoint.max_bytes, "max_calls": MAX_CALLS, "inbox": INBOX}
@@ -194,10 +195,17 @@ class Connection:
                 await self.cancel(turn, reason)
         return tasks
 
-    async def say(self, text: str) -> None:
-        """Send one message; a client gone meanwhile is not an error here (its reader ends)."""
+    async def say(self, text: str, data: bytes | None = None) -> None:
+        """Send one message (and a binary one right after it); a client gone meanwhile is not an
+        error here (its reader ends)."""
         with contextlib.suppress(ConnectionError):
+            await self.send(text, data)
+
+    async def send(self, text: str, data: bytes | None = None) -> None:
+        async with self.sending:
             await self.ws.send_str(text)
+            if data is not None:
+                await self.ws.send_bytes(data)
 
     async def fail(self, message: str, hint: str, **fields: Any) -> None:
         await self.say(wire.error(message, hint, **fields))
@@ -406,11 +414,16 @@ class Connection:
         """Feed the call and write its events; whether its `done` was written."""
         feeder = asyncio.ensure_future(self.feed(turn))
         roots, media, name = self.runtime.bundle.python_path, not turn.start.summary, turn.name
+        binary_out = media and turn.start.binary_out
         try:
             async for event in turn.handle:
                 if event["event"] == "done":
                     event = client_events([event], roots)[0]
-                await self.ws.send_str(wire.event(name, event_json(event, media=media)))
+                carried = _carried(event) if binary_out else None
+                if carried is not None:  # the event with `"binary": N` for `"base64"`, then the N bytes
+                    await self.send(wire.event(name, event_json({**event, "value": carried[0]})), carried[1])
+                else:
+                    await self.send(wire.event(name, event_json(event, media=media)))
                 turn.clock.saw(event, turn.now())
                 if event["event"] == "done":
                     return True
@@ -439,6 +452,20 @@ class Connection:
                     await self.fail(str(error), "its `done` event tells how it ended", call=turn.name, about=kind)
             except BadInputs as error:  # (checked at the edge already)
                 await self.fail(str(error), _frame_hint(self.program, self.types, field), call=turn.name, about=kind)
+
+
+def _carried(event: dict) -> tuple[dict, bytes] | None:
+    """A stream event's image or audio (a value with `media()`, flowrt.values) as the fields of
+    its JSON with `"binary": N` instead of `"base64"`, and its N bytes; else None."""
+    media = getattr(event.get("value"), "media", None) if event["event"] == "stream" else None
+    if not callable(media):
+        return None
+    try:
+        told = media()
+        data = base64.b64decode(told["base64"], validate=True)
+    except Exception:  # noqa: BLE001 - a role's value: a media() that fails is sent as JSON (described there)
+        return None
+    return {key: value for key, value in told.items() if key != "base64"} | {"binary": len(data)}, data
 
 
 def _frame_hint(program: GraphProgram, types: dict[str, str], field: str) -> str:

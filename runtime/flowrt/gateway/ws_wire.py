@@ -38,6 +38,7 @@ class Start(msgspec.Struct, tag="start", tag_field="type", forbid_unknown_fields
     interrupt: bool = False
     binary: Binary | None = None
     summary: bool = False  # images and audio in events as summaries, not in full
+    binary_out: bool = False  # images and audio in events as binary messages (their bytes), not base64
 
 
 class Frame(msgspec.Struct, tag="frame", tag_field="type", forbid_unknown_fields=True, frozen=True):
