@@ -87,6 +87,7 @@ FLOOD = 555  # ... and this one, FLOOD_CHUNKS chunks of 64 KiB as fast as it can
 FLOOD_CHUNKS = 4000
 LONG = 333  # ... and this one, LONG_CHUNKS small chunks, a turn of the event loop between them
 LONG_CHUNKS = 100_000
+NOT_TEXT, BROKEN = 444, 222  # a reply that sends a number as its text, one whose role raises
 GATE = [None]
 HEARD = []  # (samples, sample rate) of every frame heard, in order
 MADE = {}  # chunks the voice has made, by the first sample of the turn
@@ -115,6 +116,10 @@ class Voice:
         told = settings[0]
         words = [f"heard {len(heard)} chunks,", f"{sum(h['samples'] for h in heard)} samples,", told["instructions"] or "-"]
         first = heard[0]["first"] if heard else 0
+        if first == NOT_TEXT:
+            yield {"text": 5}
+        if first == BROKEN:
+            raise ValueError("the voice broke")
         count = {GATED: 1000, FLOOD: FLOOD_CHUNKS, LONG: LONG_CHUNKS}.get(first, len(words))
         for i in range(count):
             if first == GATED:
@@ -435,6 +440,15 @@ def test_bad_events_are_openai_error_events_and_the_connection_goes_on(bundle):
                 assert error.param == "session.audio.input.format" and "commit" in error.message
                 await connection.input_audio_buffer.clear()  # cancels the turn's call
                 await until(connection, "input_audio_buffer.cleared")
+                # a graph that answers badly: the response fails, saying why, and the connection goes on
+                await connection.session.update(session={"output_modalities": ["text"]})
+                await until(connection, "session.updated")
+                for first, code, words in ((444, "not_text", "sent a int, not text"), (222, "role_error", "the voice broke")):
+                    await connection.input_audio_buffer.append(audio=b64([first]))
+                    await connection.response.create()
+                    _, events, done = await response_of(connection, [])
+                    assert done.response.status == "failed" and done.response.status_details.error.code == code
+                    assert words in done.response.status_details.error.message
                 # after all that, a turn is answered as usual
                 await connection.session.update(session={"output_modalities": ["text"]})
                 await until(connection, "session.updated")
@@ -444,7 +458,8 @@ def test_bad_events_are_openai_error_events_and_the_connection_goes_on(bundle):
                 assert deltas(events, "response.output_text.delta") == ["heard 1 chunks,", "3 samples,", "-"]
                 assert done.response.status == "completed"
             await drained(Served(app, base, client), runtime)
-            assert runtime.programs["talk"].calls_ended == {"cancelled": 1, "ok": 1}
+            ended = runtime.programs["talk"].calls_ended  # (the call that sent a number: cancelled, unless it had ended)
+            assert ended["error"] == 1 and ended["ok"] + ended["cancelled"] == 3 and ended["cancelled"] >= 1, ended
 
     run(main())
 

@@ -265,6 +265,9 @@ class Connection:
                 await self.update(event)
         except wire.RealtimeError as error:
             await self.fail(error)
+        except Exception as error:  # noqa: BLE001 - a bug in flowrt: logged with its traceback, told, and the connection goes on
+            log.exception("internal error answering a /v1/realtime event")
+            await self.fail(wire.internal(error))
 
     # ── the client's events ──
 
@@ -413,6 +416,11 @@ class Connection:
         except FlowrtError as error:  # the runtime refused the call (a deployment that cannot take an entry's frames)
             turn.failure = wire.RealtimeError(hide_paths(str(error)), "call_failed", kind="server_error")
             await self.fail(turn.failure)
+        except Exception as error:  # noqa: BLE001 - a bug in flowrt: logged, and told in the response (or an error)
+            log.exception("internal error running a /v1/realtime turn")
+            turn.failure = wire.internal(error)
+            if turn.response is None:
+                await self.fail(turn.failure)
         finally:
             if turn.handle is not None:
                 await turn.handle.aclose()  # (cancels it unless it has ended; it is retired)

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import msgspec
 
 from flowrt import media
+from flowrt.gateway.exposure import hide_paths
 from flowrt.values import summarize
 
 EventId = Annotated[str, msgspec.Meta(max_length=512)]
@@ -101,6 +102,14 @@ def refusal(code: str, event_id: str | None, **told: Any) -> RealtimeError:
         event_id,
         "server_error" if servers else "",
     )
+
+
+def internal(error: Exception) -> RealtimeError:
+    """A bug in flowrt, as the client is told of it (the server's log has the traceback)."""
+    told = hide_paths(
+        f"internal error: {type(error).__name__}: {error}; this is a bug in flowrt, the server's log has the traceback"
+    )
+    return RealtimeError(told, "internal_error", kind="server_error")
 
 
 # ── the client's events ──
