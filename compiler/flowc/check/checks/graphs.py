@@ -92,7 +92,7 @@ class GraphOutputs(Check):
 @register
 class Endpoints(Check):
     codes = {
-        "E177": "graph `serves` an endpoint whose entry it does not take (one Text or Json value, not a stream)",
+        "E177": "graph `serves` an endpoint whose entry it does not take (one Text or Json value; realtime: a streaming Audio one)",
         "E178": "graph `serves` an endpoint whose output it lacks",
     }
 
