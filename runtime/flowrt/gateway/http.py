@@ -28,7 +28,8 @@
                                   and the deployment's replicas, edges, pools and prefix reuse,
                                   gathered from its processes as it is asked (flowrt.observe.deployment)
     POST /v1/chat/completions, /v1/images/generations, /v1/audio/speech, /v1/embeddings, GET /v1/models
-                                  OpenAI's API, errors too (flowrt.gateway.openai_routes)
+                                  OpenAI's API, errors too (flowrt.gateway.openai_routes); GET /v1/realtime:
+                                  a WebSocket speaking OpenAI's Realtime events (flowrt.gateway.realtime)
 
 Every answer that is not a call's event stream is JSON, and every error is `{"error": ...,
 "hint": ...}`: 400 for a body that is not a JSON object (or that cannot be decoded as its
