@@ -686,3 +686,28 @@ def test_a_conversation_with_a_barge_in_under_deploy_local(bundle):
             await assert_clean_everywhere(deployment)
 
     run(main(), 120)
+
+
+def test_shutdown_ends_the_running_response_and_closes_going_away(bundle):
+    from websockets.exceptions import ConnectionClosed
+
+    async def main():
+        sys.modules.pop("rt_roles", None)
+        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
+            roles().GATE[0] = asyncio.Semaphore(0)  # (the reply waits: it is running when the server stops)
+            async with client_of(base).realtime.connect(model="talk") as connection:
+                await until(connection, "session.created")
+                await connection.input_audio_buffer.append(audio=b64([roles().GATED]))
+                await connection.response.create()
+                await until(connection, "response.created", [])
+                stopping = asyncio.ensure_future(app.shutdown())  # (what SIGTERM's drain ends with)
+                done = await until(connection, "response.done")
+                assert done.response.status == "failed" and done.response.status_details.error.code == "shutdown"
+                await asyncio.wait_for(stopping, 10)
+                with pytest.raises(ConnectionClosed) as closed:
+                    await asyncio.wait_for(connection.recv(), 10)
+                assert closed.value.rcvd.code == 1001
+            await drained(Served(app, base, client), runtime)
+            assert runtime.programs["talk"].calls_ended == {"cancelled": 1}
+
+    run(main())
