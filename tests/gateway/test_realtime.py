@@ -435,7 +435,9 @@ def test_bad_events_are_openai_error_events_and_the_connection_goes_on(bundle):
                 error = await error_for({"type": "response.create", "response": {"tools": []}})
                 assert error.param == "response.tools"
                 # audio appended, then a change of the input's rate before the commit
+                heard = len(roles().HEARD)
                 await connection.input_audio_buffer.append(audio=b64([1, 2]))
+                await wait_for(lambda: len(roles().HEARD) == heard + 1, 10, "the turn's call hears its chunk")
                 error = await error_for({"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 16000}}}}})
                 assert error.param == "session.audio.input.format" and "commit" in error.message
                 await connection.input_audio_buffer.clear()  # cancels the turn's call
@@ -709,5 +711,34 @@ def test_shutdown_ends_the_running_response_and_closes_going_away(bundle):
                 assert closed.value.rcvd.code == 1001
             await drained(Served(app, base, client), runtime)
             assert runtime.programs["talk"].calls_ended == {"cancelled": 1}
+
+    run(main())
+
+
+def test_a_message_over_the_limit_closes_the_connection_1009_and_the_server_goes_on(bundle):
+    from websockets.exceptions import ConnectionClosed
+
+    async def main():
+        sys.modules.pop("rt_roles", None)
+        async with opened(bundle) as runtime, served(runtime, max_body_mb=1.0) as (app, base, client):
+            async with client_of(base).realtime.connect(model="talk") as connection:
+                await until(connection, "session.created")
+                await connection.input_audio_buffer.append(audio=b64([1, 2, 3]))  # a turn is open: its call runs
+                await wait_for(lambda: len(roles().HEARD) == 1, 10, "the turn's call hears its first chunk")
+                big = b64([7] * (2**20 // 2 + 1))  # over --max-body-mb's 1 MiB
+                await connection.input_audio_buffer.append(audio=big)
+                with pytest.raises(ConnectionClosed) as closed:
+                    await asyncio.wait_for(connection.recv(), 10)
+                assert closed.value.rcvd.code == 1009
+            async with client_of(base).realtime.connect(model="talk") as connection:  # the server goes on
+                await until(connection, "session.created")
+                await connection.session.update(session={"output_modalities": ["text"]})
+                await until(connection, "session.updated")
+                await connection.input_audio_buffer.append(audio=b64([5, 5]))
+                await connection.response.create()
+                _, events, done = await response_of(connection, [])
+                assert done.response.status == "completed" and deltas(events, "response.output_text.delta")[1] == "2 samples,"
+            await drained(Served(app, base, client), runtime)
+            assert runtime.programs["talk"].calls_ended == {"cancelled": 1, "ok": 1}
 
     run(main())
