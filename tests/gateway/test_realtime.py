@@ -413,7 +413,11 @@ def test_bad_events_are_openai_error_events_and_the_connection_goes_on(bundle):
                 error = await error_for("{not json")
                 assert error.code == "invalid_json" and error.event_id is None
                 error = await error_for('["a list"]')
-                assert error.code == "invalid_event"
+                assert error.code == "invalid_event" and "not an array" in error.message
+                error = await error_for('{"type": "session.update", "session": ' + "[" * 10_000 + "]" * 10_000 + "}")
+                assert error.code == "invalid_event" and "nests too deeply" in error.message
+                error = await error_for({"type": "session.update", "event_id": "e4"})
+                assert (error.param, error.event_id) == ("session", "e4") and "required field" in error.message
                 error = await error_for({"type": "input_audio_buffer.append", "event_id": "e2", "audio": "%%% not base64"})
                 assert (error.code, error.param, error.event_id) == ("invalid_base64", "audio", "e2")
                 error = await error_for({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()})

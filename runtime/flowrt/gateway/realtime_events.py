@@ -162,25 +162,33 @@ def decode(text: str | bytes) -> ClientEvent:
         return _DECODER.decode(text)
     except (msgspec.ValidationError, msgspec.DecodeError) as error:
         raise _explained(text, error) from None
+    except RecursionError:
+        raise RealtimeError(
+            "the event nests too deeply to read; send an event as OpenAI's Realtime API defines it", "invalid_event"
+        ) from None
 
 
 def _explained(text: str | bytes, error: Exception) -> RealtimeError:
     try:
         value = json.loads(text)
-    except (ValueError, RecursionError) as bad:
+    except RecursionError:
+        return RealtimeError(
+            "the event nests too deeply to read; send an event as OpenAI's Realtime API defines it", "invalid_event"
+        )
+    except ValueError as bad:
         return RealtimeError(
             f"the event is not JSON ({str(bad)[:120]}); send one JSON object per text message, "
             'e.g. {"type": "input_audio_buffer.commit"}',
             "invalid_json",
         )
     if not isinstance(value, dict):
-        return RealtimeError(
-            f"an event is a JSON object with a `type`, not a JSON {type(value).__name__}", "invalid_event", "type"
-        )
+        kinds = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+        shown = kinds.get(type(value), "a number")
+        return RealtimeError(f"an event is a JSON object with a `type`, not {shown}", "invalid_event", "type")
     event_id = value.get("event_id") if isinstance(value.get("event_id"), str) else None
     kind = value.get("type")
     if kind not in TYPES:
-        told = "has no `type`" if kind is None else f"has the type {json.dumps(kind)[:80]}, which this server does not take"
+        told = "has no `type`" if kind is None else f"has the type {_shown(kind)}, which this server does not take"
         return RealtimeError(
             f"the event {told}; the client events it takes are {', '.join(TYPES)}", "invalid_value", "type", event_id
         )
@@ -188,9 +196,17 @@ def _explained(text: str | bytes, error: Exception) -> RealtimeError:
     param = None
     if "`$." in told:  # msgspec's path of the offending field: `$.audio`
         param = told.split("`$.", 1)[1].split("`", 1)[0]
-    elif "unknown field `" in told:
-        param = told.split("unknown field `", 1)[1].split("`", 1)[0]
+    elif "field `" in told:  # an unknown field, or a required one missing
+        param = told.split("field `", 1)[1].split("`", 1)[0]
     return RealtimeError(f"`{kind}`: {told}", "invalid_value", param, event_id)
+
+
+def _shown(value: Any) -> str:
+    """A client's value as an error message quotes it (at most 80 characters)."""
+    try:
+        return json.dumps(value)[:80]
+    except (RecursionError, ValueError):
+        return f"a {type(value).__name__} too deep to show"
 
 
 def audio_bytes(event: Append) -> bytes:
@@ -243,7 +259,7 @@ class Settings:
         for key, value in session.items():
             if key == "type":
                 if value != "realtime":
-                    raise refuse(key, f'this endpoint serves "realtime" sessions, not {json.dumps(value)[:60]}')
+                    raise refuse(key, f'this endpoint serves "realtime" sessions, not {_shown(value)}')
             elif key == "model":
                 if value != self.model:
                     raise refuse(
@@ -261,9 +277,7 @@ class Settings:
                 self._turn_detection(value, refuse, key)
             elif key in ("input_audio_format", "output_audio_format"):
                 if value != BETA_FORMAT:
-                    raise refuse(
-                        key, f'this endpoint takes and sends "{BETA_FORMAT}" (PCM16 at 24 kHz), not {json.dumps(value)[:60]}'
-                    )
+                    raise refuse(key, f'this endpoint takes and sends "{BETA_FORMAT}" (PCM16 at 24 kHz), not {_shown(value)}')
                 changes["input_rate" if key.startswith("input") else "output_rate"] = RATES[0]
             elif key == "audio":
                 changes.update(self._audio(value, refuse))
@@ -284,7 +298,7 @@ class Settings:
         allowed = [["text"], ["text", "audio"], ["audio", "text"]] if key == "modalities" else [["text"], ["audio"]]
         if value not in allowed:
             shown = " or ".join(json.dumps(a) for a in allowed)
-            raise refuse(key, f"must be {shown}, not {json.dumps(value)[:80]}")
+            raise refuse(key, f"must be {shown}, not {_shown(value)}")
         if "audio" in value and not self.speaks:
             raise refuse(
                 key, f'the model `{self.model}` answers with text only (its graph has no Audio output): ask for ["text"]'
@@ -332,7 +346,7 @@ class Settings:
         if not isinstance(value, dict) or value.get("type", AUDIO_TYPE) != AUDIO_TYPE or rate not in RATES:
             raise refuse(
                 place,
-                f'must be {{"type": "{AUDIO_TYPE}", "rate": 24000}} (or 16000): PCM16, mono; not {json.dumps(value)[:80]}',
+                f'must be {{"type": "{AUDIO_TYPE}", "rate": 24000}} (or 16000): PCM16, mono; not {_shown(value)}',
             )
         return rate
 
@@ -460,7 +474,7 @@ def pcm16_at(value: Any, rate: int, name: str) -> bytes:
 
 def event(kind: str, **fields: Any) -> str:
     """One server event as the text of a message, with an `event_id` of its own."""
-    return json.dumps({"type": kind, "event_id": new_id("event"), **fields}, ensure_ascii=False)
+    return json.dumps({"type": kind, "event_id": new_id("event"), **fields})  # (ASCII: a lone surrogate is escaped)
 
 
 def error_event(error: RealtimeError) -> str:
