@@ -17,7 +17,9 @@ replicas there, so concurrent sessions share forward steps. Each call runs `Page
 `ctx.kv("kv")`: the full pages of the history the pool already holds (turn 1's prompt and reply,
 when turn 2 repeats them) are reused, only the rest is prefilled, and the pages this call fills
 are committed for the next turn. The counts (`reused_tokens`, `computed_tokens`, ...) come back
-as the `generation` field.
+as the `generation` field. A turn that follows one its call interrupted (`ctx.interrupted`,
+docs/runtime.md) takes that turn's reply as the ids whose frames its caller took
+(flowstd.roles.delivered), so it reuses exactly the pages of what the user received.
 
 Sampling is greedy unless the request (an OpenAI body in `messages`) says otherwise:
 `temperature`, `top_p`, `seed`, `max_completion_tokens` / `max_tokens`. Greedy and seeded runs
@@ -46,6 +48,7 @@ from flowrt.compute.engine import (
 )
 from flowrt.errors import BadInput, FlowrtError
 from flowrt.params.layout import KVLayout
+from flowstd.roles.delivered import remember, rolled_back
 from flowstd.tokenizer import Tokenizer
 
 KV = "kv"  # the KVCache global lib/kvcache.flow declares and the llm role uses
@@ -281,6 +284,10 @@ class Llm:
         sampling, budget = sampling_request(messages)
         kv = ctx.kv(KV)  # raises, naming the fix, where this process has no pools
         model = shared_model(ctx)
+        state = ctx.globals.get(KV)  # the session's state of `global kv`: this role's last turn (flowstd.roles.delivered)
+        history, _ = rolled_back(self.tokenizer, state, ctx.interrupted, history)
+        generated: list[int] = []
+        remember(state, ctx.call_id, history, generated)
 
         async def run(on_token):
             async with kv:
@@ -288,7 +295,6 @@ class Llm:
                     kv, history, max_new_tokens=budget, sampling=sampling, stop={self.tokenizer.eos_id}, on_token=on_token
                 )
 
-        generated = []
         try:
             async for item in stream_generation(run):
                 if isinstance(item, int):

@@ -12,7 +12,10 @@ session's history, compute the rest, decode, and leave every full page behind fo
 4. decodes one token a step until `max_new_tokens` or a `stop` token;
 5. commits the pages the generated tokens filled: their K/V were computed into scratch pages (a
    page is named by the hash of its tokens, unknown until it is full), so each is copied into a
-   page named by its key (`engine.copy_slots`), unless another request committed it first.
+   page named by its key (`engine.copy_slots`), unless another request committed it first. A
+   generation cancelled while it decodes (its call interrupted) commits the full pages of what it
+   had generated too: a next turn whose history holds the part of the reply the user received
+   reuses exactly those of its pages, as pages are named by their tokens (docs/stdlib.md).
 
 It works with any `EngineAdapter`, through a `ContinuousBatcher` when given one (concurrent
 sessions then share forward steps). A page evicted since the last turn is simply recomputed: the
@@ -178,14 +181,18 @@ class PagedGenerator(EngineDriver):
             first_seconds = time.perf_counter() - started
             if on_token is not None:
                 on_token(first)
-        while generated and len(generated) < max_new_tokens and generated[-1] not in stops:
-            position = len(history) + len(generated) - 1
-            place.context.set(position, place.scratch.slot(position))
-            step = StepRequest(token_ids=generated[-1:], slots=place.context.upto(position + 1))
-            generated.append(int((await self._step(step, sampler)).token))
-            steps += 1
-            if on_token is not None:
-                on_token(generated[-1])
+        try:
+            while generated and len(generated) < max_new_tokens and generated[-1] not in stops:
+                position = len(history) + len(generated) - 1
+                place.context.set(position, place.scratch.slot(position))
+                step = StepRequest(token_ids=generated[-1:], slots=place.context.upto(position + 1))
+                generated.append(int((await self._step(step, sampler)).token))
+                steps += 1
+                if on_token is not None:
+                    on_token(generated[-1])
+        except BaseException:  # cancelled (a barge-in, say): what was generated stays cached for the next turn
+            self._commit_generated(kv, history, generated, keys, parent, place.scratch)
+            raise
 
         extra_made, extra_published = self._commit_generated(kv, history, generated, keys, parent, place.scratch)
         return Generation(
