@@ -415,7 +415,8 @@ class Connection:
                 await self.fail(turn.failure)
         except FlowrtError as error:  # the runtime refused the call (a deployment that cannot take an entry's frames)
             turn.failure = wire.RealtimeError(hide_paths(str(error)), "call_failed", kind="server_error")
-            await self.fail(turn.failure)
+            if turn.response is None:
+                await self.fail(turn.failure)
         except Exception as error:  # noqa: BLE001 - a bug in flowrt: logged, and told in the response (or an error)
             log.exception("internal error running a /v1/realtime turn")
             turn.failure = wire.internal(error)
