@@ -746,3 +746,32 @@ def test_a_message_over_the_limit_closes_the_connection_1009_and_the_server_goes
             assert runtime.programs["talk"].calls_ended == {"cancelled": 1, "ok": 1}
 
     run(main())
+
+
+def test_a_turn_without_an_admission_place_is_refused_and_the_next_one_is_answered(bundle):
+    async def main():
+        sys.modules.pop("rt_roles", None)
+        front = FrontDoor(max_in_flight=1, max_queue=0)
+        async with opened(bundle) as runtime, served(runtime, front) as (app, base, client):
+            roles().GATE[0] = asyncio.Semaphore(0)
+            connect = client_of(base).realtime.connect
+            async with connect(model="talk") as first, connect(model="talk") as second:
+                for connection in (first, second):
+                    await until(connection, "session.created")
+                await first.input_audio_buffer.append(audio=b64([roles().GATED]))  # holds the server's one place
+                await first.response.create()
+                await until(first, "response.created", [])
+                await second.input_audio_buffer.append(audio=b64([6]))
+                error = await until(second, "error")
+                assert error.error.code == "rate_limit_exceeded" and "busy" in error.error.message
+                await first.response.cancel()
+                assert (await until(first, "response.done")).response.status == "cancelled"
+                await second.session.update(session={"output_modalities": ["text"]})
+                await until(second, "session.updated")
+                await second.input_audio_buffer.append(audio=b64([6]))  # a place is free again
+                await second.response.create()
+                _, events, done = await response_of(second, [])
+                assert done.response.status == "completed" and deltas(events, "response.output_text.delta")[1] == "1 samples,"
+            await drained(Served(app, base, client), runtime)
+
+    run(main())
