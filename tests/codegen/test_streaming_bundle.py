@@ -2,8 +2,8 @@
 record it (`entry_stream`, the placeholder node's `stream`), flowrt reads it back
 (`flowrt.tables.entry_stream`) and runs it in process (`flowc run --once` takes the list of its
 frames; served over HTTP, POST takes the list and the WebSocket endpoint the frames one by one);
-until replica processes can carry an entry's frames, `--deploy local` and `ray` refuse it in one
-line that names the graph, the entry and what to do."""
+calls spread over the replica processes (FLOWRT_CONTROL=shards) refuse it in one line that names
+the graph, the entry and what to do."""
 
 from __future__ import annotations
 
@@ -74,17 +74,17 @@ def test_flowrt_loads_it_and_knows_which_entries_stream(bundle):
 
 
 REFUSED = (
-    "graph `talk` streams `audio_in`: a streaming entry takes its frames only from a call in this process for now, not {how}; "
-    "call the graph in process instead (`flowc run --once` with the list of its frames as the entry's value, "
-    "or `runtime.start(...)` and `await call.send(...)` from Python), or declare the placeholder without `stream`"
+    "graph `talk` streams `audio_in`: a streaming entry cannot take its frames on calls spread over the replica "
+    "processes (FLOWRT_CONTROL=shards) yet; unset FLOWRT_CONTROL, or declare the placeholder without `stream`"
 )
 
 
 @pytest.mark.parametrize("deploy", ["local", "ray"])
-def test_a_deployment_over_processes_refuses_it_before_starting_anything(bundle, deploy):
+def test_calls_spread_over_the_replicas_refuse_it_before_starting_anything(bundle, deploy, monkeypatch):
+    monkeypatch.setenv("FLOWRT_CONTROL", "shards")
     with pytest.raises(BundleError) as refused:
         asyncio.run(open_deployment(OUT, deploy))
-    assert str(refused.value) == f"{OUT}: " + REFUSED.format(how=f"--deploy {deploy}")
+    assert str(refused.value) == f"{OUT}: " + REFUSED
 
 
 def test_the_http_gateway_serves_it(bundle):
@@ -122,19 +122,24 @@ def test_flowc_run_once_sends_a_list_as_the_entrys_frames(bundle):
     assert events[-1] == {"event": "done", "status": "ok", "errors": [], "missing": []}
 
 
+def test_flowc_run_once_under_local_gives_what_it_gives_in_process(bundle):
+    given = ("--once", "talk", "--input", '{"audio_in": ["hello there", "you"], "voice": "v"}')
+    in_process, local = run_flowc(str(OUT), *given), run_flowc(str(OUT), *given, "--deploy", "local")
+    assert local.returncode == 0, local.stderr
+    events = [json.loads(line) for line in local.stdout.splitlines()]
+    assert [e["value"] for e in events if e.get("field") == "heard"] == ["hello", "there", "you"]
+    expected = [json.loads(line) for line in in_process.stdout.splitlines()]
+
+    def by_field(events: list[dict]) -> dict:  # (the order within each field; fields interleave as they come)
+        return {field: [e for e in events if e.get("field") == field] for field in {e.get("field") for e in events}}
+
+    assert by_field(events) == by_field(expected) and events[-1] == expected[-1]
+
+
 def test_flowc_run_refuses_what_it_cannot_run_in_one_line(bundle):
-    for target in (str(OUT), str(DUPLEX)):
-        for args, said in (
-            (
-                ["--once", "talk", "--input", '{"audio_in": "x", "voice": "v"}'],
-                "entry `audio_in` streams, so a call takes the list of its frames, not str",
-            ),
-            (
-                ["--once", "talk", "--deploy", "local", "--input", '{"audio_in": ["x"], "voice": "v"}'],
-                "not --deploy local; call the graph in process",
-            ),
-        ):
-            result = run_flowc(target, *args)
-            assert result.returncode == 2, result.stderr
-            assert said in result.stderr and "Traceback" not in result.stderr
-            assert result.stderr.count("\n") == 1 and result.stderr.startswith("flowc: ")
+    for target in (str(OUT), str(DUPLEX)):  # (served over HTTP it runs: tests/gateway/test_websocket.py)
+        result = run_flowc(target, "--once", "talk", "--input", '{"audio_in": "x", "voice": "v"}')
+        assert result.returncode == 2, result.stderr
+        said = "entry `audio_in` streams, so a call takes the list of its frames, not str"
+        assert said in result.stderr and "Traceback" not in result.stderr
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("flowc: ")
