@@ -105,6 +105,16 @@ PAIRS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
         BASE,
         [(BREAKING, "entry.stream")],
     ),
+    "graph made interruptible": (
+        BASE,
+        edit(("    timeout 60s\n}", "    timeout 60s\n    interruptible\n}")),
+        [(BREAKING, "graph.interruptible")],
+    ),
+    "graph no longer interruptible": (
+        edit(("    timeout 60s\n}", "    timeout 60s\n    interruptible\n}")),
+        BASE,
+        [(COMPATIBLE, "graph.interruptible")],
+    ),
     "an alias renamed: nothing callers see": (BASE, edit(*[("Picture", "Img")] * 2), []),
     "stream added": (edit(("    stream note\n", "")), BASE, [(COMPATIBLE, "output.added")]),
     "stream removed": (BASE, edit(("    stream note\n", "")), [(BREAKING, "output.removed")]),

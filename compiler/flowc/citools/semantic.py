@@ -138,6 +138,13 @@ def _graph(subject: str, old: GraphSurface, new: GraphSurface) -> list[Change]:
     for name in sorted(old.outputs.keys() | new.outputs.keys()):
         changes += _output(subject, name, old.outputs.get(name), new.outputs.get(name))
     changes += _timeout(subject, "graph.timeout", "timeout", old.timeout, new.timeout, "calls")
+    if old.interruptible.value != new.interruptible.value:
+        if new.interruptible.value:
+            detail = "made `interruptible`: a call may now end cancelled (reason `interrupted`) when a later call of its session interrupts it"
+            changes.append(Change(BREAKING, "graph.interruptible", subject, detail, new.interruptible.place))
+        else:
+            detail = "no longer `interruptible`: a call made with `interrupt` waits for its running call, which ends as it would"
+            changes.append(Change(COMPATIBLE, "graph.interruptible", subject, detail, new.interruptible.place))
     return changes
 
 

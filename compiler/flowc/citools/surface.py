@@ -51,6 +51,7 @@ class GraphSurface:
     entry_stream: dict[str, Fact]  # placeholder -> whether it streams (`placeholder stream`), placed there too
     outputs: dict[str, Output]
     timeout: Fact
+    interruptible: Fact  # whether it says `interruptible`, placed at the clause (else at its name)
 
 
 @dataclass
@@ -108,7 +109,10 @@ def _graph(program: Program, graph: GraphInfo, outputs) -> GraphSurface:
         decl = fields[output.field]
         result[output.field] = Output(output.kind, output.ordered, _output_type(program, decl), decl.span)
     timeout = _setting(graph.settings, "timeout", graph.decl.name.span)
-    return GraphSurface(graph.decl.name.span, entry, declared, streaming, result, Fact(graph.config.get("timeout"), timeout))
+    interruptible = Fact(bool(graph.interruptible), graph.interruptible[0].span if graph.interruptible else graph.decl.name.span)
+    return GraphSurface(
+        graph.decl.name.span, entry, declared, streaming, result, Fact(graph.config.get("timeout"), timeout), interruptible
+    )
 
 
 def _output_type(program: Program, decl: ast.GraphField) -> Fact:
