@@ -176,3 +176,63 @@ graph talk {
     assert {"turn_detector", "heard_encoder", "duplex_thinker"}.isdisjoint(roles(graphs["chat"]))
     assert {"voice_frontend", "audio_encoder", "thinker"}.isdisjoint(roles(graphs["talk"]))
     assert "talker" in roles(graphs["chat"]) & roles(graphs["talk"])
+
+
+def test_a_turn_talked_over_stays_in_the_history_as_far_as_it_was_heard(tmp_path):
+    # turn 1 is interrupted after its caller took 2 speech chunks (2 tokens each: 4 vocoder
+    # frames a token, 8 a chunk); turn 2 (interrupt=True) continues from turn 1's prompt and
+    # those 4 ids: its prompt is turn 1's, the 4 ids and its own, and it reuses the full pages
+    # of the first two
+    from flowrt.deploy import open_deployment
+    from tests.examples_models.test_media_roles import bundle
+
+    built = bundle("voice_duplex", tmp_path / "bundle")
+    utterance = (silence(5), tone(25), silence(SILENCE + 1))
+
+    async def turn(runtime, session: str, interrupt: bool = False, speech_wanted: int | None = None) -> list[dict]:
+        call = runtime.start("turn", {}, session=session, interrupt=interrupt)
+        events: list[dict] = []
+        for chunk in utterance:
+            await call.send("audio_in", chunk)
+        if speech_wanted is None:
+            await call.end("audio_in")
+            return [event async for event in call]
+        async for event in call:  # then stop reading: the rest is never taken
+            events.append(event)
+            if sum(e.get("field") == "speech" for e in events) == speech_wanted:
+                return events
+        raise AssertionError(f"fewer than {speech_wanted} speech chunks: {events[-1]}")
+
+    async def main():
+        deployment = await open_deployment(built, "inproc")
+        try:
+            runtime = deployment.runtime
+            alone = await asyncio.wait_for(turn(runtime, "fresh"), 60)
+            await asyncio.wait_for(turn(runtime, "s", speech_wanted=2), 60)
+            second = await asyncio.wait_for(turn(runtime, "s", interrupt=True), 60)
+            await deployment.runtime.wait_idle()
+            return alone, second
+        finally:
+            await deployment.close()
+
+    alone, second = asyncio.run(main())
+    (own,) = [e["value"] for e in alone if e["event"] == "return"]
+    (after,) = [e["value"] for e in second if e["event"] == "return"]
+    heard = own["prompt_tokens"] + 2 * 2  # turn 1's prompt (its session was new) and the 4 ids heard
+    assert after["prompt_tokens"] == heard + own["prompt_tokens"]
+    assert after["reused_tokens"] == heard // 16 * 16
+
+
+def test_what_was_heard_counts_speech_chunks_else_text_pieces():
+    from flowrt.control.interrupts import Interrupted
+    from flowstd.roles.delivered import SpokenTurns
+
+    turns = SpokenTurns(tokens_per_chunk=2)
+    turn = turns.start("s", 7)
+    turn["history"], turn["texts"] = 40, [True, False, True, True, False, True]
+    assert turns.step("s", Interrupted(7, "g", {"speech": 2, "reply": 1})) == 44  # speech heard: 2 ids a chunk
+    assert turns.step("s", Interrupted(7, "g", {"reply": 2})) == 43  # no speech: up to the id of the 2nd text piece
+    assert turns.step("s", Interrupted(7, "g", {"speech": 9})) == 46  # never beyond what was generated
+    assert turns.step("s", Interrupted(7, "g", {})) == 40  # nothing taken: the prompt alone
+    assert turns.step("s", Interrupted(8, "g", {"speech": 1})) is None  # another call's interruption
+    assert turns.step("s", None) is None and turns.step("other", Interrupted(7, "g", {})) is None

@@ -65,3 +65,37 @@ def rolled_back(tokenizer: Any, state: Any, interrupted: Any, history: list[int]
         if tokenizer.decode(rest[:length]) == text:
             return before + kept + rest[length:], len(before) + len(kept)
     return history, None
+
+
+class SpokenTurns:
+    """The voice thinker's turns, per session (its replica holds them: `lb session`), for
+    rolling back an interrupted one to what the user received: the history the turn's reply
+    follows, its ids, and which of them completed a piece of `reply` text. Its talker speaks
+    FRAMES_PER_TOKEN frames a token, VOCODER_BLOCK_FRAMES a chunk, so each `speech` chunk the
+    caller took is `tokens_per_chunk` ids heard; a caller that took no speech read the text."""
+
+    def __init__(self, tokens_per_chunk: int, most: int = 256):
+        self.tokens_per_chunk, self.most = tokens_per_chunk, most
+        self.turns: dict[str, dict] = {}
+
+    def step(self, session: str, interrupted: Any, reply_field: str = "reply") -> int | None:
+        """Where this session's history is cut for the next turn (None: kept whole)."""
+        turn = self.turns.get(session)
+        if interrupted is None or turn is None or turn["call"] != interrupted.call_id or turn["history"] is None:
+            return None
+        frames = interrupted.frames
+        if frames.get("speech"):
+            heard = frames["speech"] * self.tokens_per_chunk
+        else:
+            texts = [i for i, made_text in enumerate(turn["texts"]) if made_text]
+            wanted = frames.get(reply_field, 0)
+            heard = texts[wanted - 1] + 1 if 0 < wanted <= len(texts) else (len(turn["texts"]) if wanted else 0)
+        return turn["history"] + min(heard, len(turn["texts"]))
+
+    def start(self, session: str, call_id: Any) -> dict:
+        """A new turn's record: `history` is set once planned, `texts` grows a bool per id."""
+        self.turns.pop(session, None)
+        while len(self.turns) >= self.most:
+            self.turns.pop(next(iter(self.turns)))
+        turn = self.turns[session] = {"call": call_id, "history": None, "texts": []}
+        return turn

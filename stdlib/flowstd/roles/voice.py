@@ -45,6 +45,7 @@ from flowrt.compute.engine import ContinuousBatcher, ReferenceConfig, ReferenceE
 from flowrt.compute.engine.planned import PlannedGenerator
 from flowrt.compute.prefix import Media, PrefixMatcher, Text
 from flowrt.errors import BadInput, FlowrtError
+from flowstd.roles.delivered import SpokenTurns
 from flowstd.roles.llm import check_kv_fits, engines_for, stream_generation, token_ids
 
 GLOBAL = "kv"  # the KVCache global lib/voice.flow imports (lib/kvcache.flow)
@@ -466,6 +467,7 @@ class Thinker:
         runtime = VoiceRuntime.shared()
         check_kv_fits(ctx, runtime.spec, page_tokens=PAGE_TOKENS, model="the voice thinker (flowstd.roles.voice)")
         runtime.build("tokenizer")
+        self.spoken = SpokenTurns(VOCODER_BLOCK_FRAMES // FRAMES_PER_TOKEN)  # (an interrupted turn: what was heard)
 
     async def generate(self, ctx, voice_prompt, audio_emb=()):
         async for frame in self.think(ctx, voice_prompt, audio_emb, ()):
@@ -492,11 +494,16 @@ class Thinker:
 
         items = [as_item(part) for part in prompt["parts"]]
         budget, eos = prompt["max_tokens"], runtime.tokenizer.eos_id
+        step = prompt["step"]
+        if step is None:  # after a turn this call interrupted: its reply as far as the user heard it
+            step = self.spoken.step(ctx.session, getattr(ctx, "interrupted", None), self.reply_field)
+        turn = self.spoken.start(ctx.session, ctx.call_id)
 
         async def run(on_token):
             async with ctx.kv(GLOBAL) as kv:
                 engines = runtime.for_pool(kv)
-                plan = await engines.matcher.incremental(kv, items, step=prompt["step"])
+                plan = await engines.matcher.incremental(kv, items, step=step)
+                turn["history"] = plan.n_tokens
                 result = await engines.generator.generate(kv, plan, max_new_tokens=budget, stop={eos}, on_token=on_token)
                 return plan, result
 
@@ -512,6 +519,7 @@ class Thinker:
             if text:
                 frame[self.reply_field] = text
             generated.append(item)
+            turn["texts"].append(bool(text))
             yield frame
         yield {
             self.turn_field: {

@@ -14,6 +14,10 @@ made for this request (its hit, page keys including media pages, and frames of h
    hidden state;
 4. records the generated tokens in the session's history (`matcher.record_output`) and commits
    the pages they filled (copied from scratch into pages named by their keys, as the driver does).
+   A generation cancelled while it decodes (its call interrupted) records what it had generated
+   so far the same way; one that fails, or is cancelled before its reply began, leaves the
+   history as it was before the plan. A next turn that keeps only part of the reply (the part
+   the user received: flowstd's voice thinker) cuts the history there with its `step`.
 
 `place_context(kv, engine, rows, keys)` makes a context's K/V present from its hidden states and
 page keys (matched where the pool holds them, recomputed where not): how a DiT in another process
@@ -26,6 +30,7 @@ pool, in order, valid until the `async with ctx.kv(...)` block ends.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -84,7 +89,8 @@ class PlannedGenerator(EngineDriver):
         on_token: Callable[[int], None] | None = None,
     ) -> PlannedGeneration:
         """Prefill `plan` (made by this generator's matcher on `kv`) and generate (see the module
-        docstring). If it fails or is cancelled, the session's history goes back to before the plan."""
+        docstring). If it fails, or is cancelled before it decodes, the session's history goes back
+        to before the plan; cancelled while it decodes, the history keeps the reply so far."""
         started = time.perf_counter()
         self.bind(kv)
         if not isinstance(plan, PrefillPlan):
@@ -100,8 +106,13 @@ class PlannedGenerator(EngineDriver):
             raise EngineError(f"generate(): max_new_tokens is a whole number >= 0, not {max_new_tokens!r}")
         stops = frozenset(token_list(stop, allow_empty=True))
         sampler = TokenSampler(sampling)
+        decoding: list[bool] = []  # (set once the prefill is done and the reply is being decoded)
         try:
-            return await self._generate(kv, plan, max_new_tokens, sampler, stops, on_token, started)
+            return await self._generate(kv, plan, max_new_tokens, sampler, stops, on_token, started, decoding)
+        except asyncio.CancelledError:
+            if not decoding:  # cancelled before the reply began: the turn did not happen
+                self.matcher.rollback(plan)
+            raise  # (else the history keeps the prompt and the reply so far: `_generate`)
         except BaseException:
             self.matcher.rollback(plan)  # the turn did not happen: the session's next one builds on the last good one
             raise
@@ -115,6 +126,7 @@ class PlannedGenerator(EngineDriver):
         stops: frozenset,
         on_token: Callable[[int], None] | None,
         started: float,
+        decoding: list[bool],
     ) -> PlannedGeneration:
         torch = _torch()
         size, n = plan.page_tokens, plan.n_tokens
@@ -154,17 +166,22 @@ class PlannedGenerator(EngineDriver):
             first_seconds = time.perf_counter() - started
             if on_token is not None:
                 on_token(generated[-1])
-        while generated and len(generated) < max_new_tokens and generated[-1] not in stops:
-            position = n + len(generated) - 1
-            context.set(position, scratch.slot(position))
-            result = await self._step(
-                StepRequest(token_ids=generated[-1:], slots=context.upto(position + 1), capture=_LAST), sampler
-            )
-            hidden = result.hidden_last
-            generated.append(int(result.token))
-            steps += 1
-            if on_token is not None:
-                on_token(generated[-1])
+        decoding.append(True)
+        try:
+            while generated and len(generated) < max_new_tokens and generated[-1] not in stops:
+                position = n + len(generated) - 1
+                context.set(position, scratch.slot(position))
+                result = await self._step(
+                    StepRequest(token_ids=generated[-1:], slots=context.upto(position + 1), capture=_LAST), sampler
+                )
+                hidden = result.hidden_last
+                generated.append(int(result.token))
+                steps += 1
+                if on_token is not None:
+                    on_token(generated[-1])
+        except asyncio.CancelledError:  # (a barge-in): the reply so far joins the history, its full pages committed
+            self._record(kv, plan, generated, scratch)
+            raise
 
         extra_made, extra_published = self._record(kv, plan, generated, scratch)
         computed = n + max(len(generated) - 1, 0)  # the last generated token never ran
