@@ -13,7 +13,9 @@ running the same detector (flowstd.roles.duplex.TurnDetector) over the audio fir
   over the duration of the audio before the last chunk (the audio the player had to play while
   waiting for the rest). Below 1, playback never waits for the next chunk.
 
-Each conversation has a session of its own; the first turn of the run is a warm-up (models are
+By default the conversations run in step: every turn's input ends at the same moment, the worst
+case (all generations at once); `--stagger` starts conversation n of N after n/N of one turn's
+input, as conversations that do not line up would. Each conversation has a session of its own; the first turn of the run is a warm-up (models are
 built lazily in each replica process) and is not counted. Medians and 90th percentiles over the
 counted turns; the ratio is TTFA at N conversations over TTFA at 1.
 
@@ -90,7 +92,8 @@ async def turn(runtime, session: str, frames: list[bytes], deciding: int, pace: 
     return {"ttfa": speech[0][0] - decided[0], "rtf": span / played if played else 0.0, "status": status}
 
 
-async def conversation(runtime, name: str, turns: int, frames, deciding, pace) -> list[dict]:
+async def conversation(runtime, name: str, turns: int, frames, deciding, pace, delay: float = 0.0) -> list[dict]:
+    await asyncio.sleep(delay)
     return [await turn(runtime, name, frames, deciding, pace) for _ in range(turns)]
 
 
@@ -99,7 +102,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def main(levels: list[int], turns: int) -> None:
+async def main(levels: list[int], turns: int, stagger: bool) -> None:
     frames, deciding, pace = chunks()
     source = EXAMPLE.read_text()
     result = check_source(source, "pipeline.flow", EXAMPLE)
@@ -112,8 +115,14 @@ async def main(levels: list[int], turns: int) -> None:
             await conversation(deployment.runtime, "warm-up", 1, frames, deciding, pace)
             rows = []
             for level in levels:
+                period = len(frames) * pace  # (staggered: the conversations' turns spread over one turn's input)
                 results = await asyncio.gather(
-                    *(conversation(deployment.runtime, f"c{level}-{n}", turns, frames, deciding, pace) for n in range(level))
+                    *(
+                        conversation(
+                            deployment.runtime, f"c{level}-{n}", turns, frames, deciding, pace, n * period / level * stagger
+                        )
+                        for n in range(level)
+                    )
                 )
                 counted = [r for conv in results for r in conv]
                 ttfa = [r["ttfa"] for r in counted if r["ttfa"] is not None]
@@ -124,6 +133,7 @@ async def main(levels: list[int], turns: int) -> None:
             await deployment.close()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(f"input: {len(frames)} chunks of {pace * 1000:.0f} ms in real time; the detector decides on chunk {deciding}")
+    print("conversations: " + ("staggered over one turn's input" if stagger else "in step (every turn ends at once)"))
     print()
     print("| conversations | turns | TTFA median (ms) | TTFA p90 (ms) | RTF median | RTF max | failed |")
     print("|---|---|---|---|---|---|---|")
@@ -147,6 +157,9 @@ if __name__ == "__main__":
     parser.add_argument("--levels", default="1,2,4,8", help="conversations at once, comma-separated")
     parser.add_argument("--turns", type=int, default=3, help="turns per conversation at each level")
     parser.add_argument("--quick", action="store_true", help="levels 1,2 and one turn each (a smoke run)")
+    parser.add_argument(
+        "--stagger", action="store_true", help="start the conversations spread over one turn's input, not all at once"
+    )
     args = parser.parse_args()
     levels = [1, 2] if args.quick else [int(n) for n in args.levels.split(",")]
-    asyncio.run(main(levels, 1 if args.quick else args.turns))
+    asyncio.run(main(levels, 1 if args.quick else args.turns, args.stagger))
