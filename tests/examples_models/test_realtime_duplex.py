@@ -15,16 +15,8 @@ pytest.importorskip("torch", reason="the voice models need torch: pip install 'f
 
 from flowrt.deploy import open_deployment  # noqa: E402
 from tests.examples_models.test_duplex import SILENCE, silence, tone  # noqa: E402
-from tests.gateway.test_realtime import (  # noqa: E402
-    Served,
-    client_of,
-    deltas,
-    drained,
-    response_of,
-    run,
-    served,
-    until,
-)
+from tests.gateway.live import Served, drained, run, served  # noqa: E402
+from tests.gateway.test_realtime import client_of, deltas, response_of, until  # noqa: E402
 from tests.runtime.harness import bundle_of  # noqa: E402
 
 FLOW = """flow rtduplex

@@ -16,25 +16,21 @@ from __future__ import annotations
 import array
 import asyncio
 import base64
-import contextlib
 import inspect
 import json
 import socket
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 import aiohttp
 import openai
 import pytest
-from aiohttp import web
 
 from flowrt.control import Runtime, bounds
 from flowrt.frontdoor import FrontDoor
-from flowrt.gateway import application
 from flowrt.gateway.realtime import CONNECTIONS
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
-from tests.runtime.harness import assert_clean
+from tests.gateway.live import Served, drained, opened, run, served
 
 FLOW = """
 flow rtflow
@@ -152,50 +148,6 @@ def samples_of(delta: str) -> list[int]:
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
     return bundle_with_roles(FLOW, ROLES, tmp_path_factory.mktemp("rtflow"), module="rt_roles")
-
-
-def run(coroutine, seconds: float = 60):
-    return asyncio.run(asyncio.wait_for(coroutine, seconds))
-
-
-class Served(NamedTuple):
-    app: web.Application
-    base: str  # http://HOST:PORT
-    client: aiohttp.ClientSession
-
-
-@contextlib.asynccontextmanager
-async def served(runtime: Runtime, front: FrontDoor | None = None, max_body_mb: float = 1.0, deployment=None):
-    """The gateway over `runtime` on 127.0.0.1 (as flowrt.deploy.serving runs it), and a client."""
-    app = application(runtime, max_body_mb, deployment, front=front)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        async with aiohttp.ClientSession() as client:
-            yield Served(app, f"http://{host}:{port}", client)
-    finally:
-        await runner.cleanup()
-
-
-@contextlib.asynccontextmanager
-async def opened(bundle: Path):
-    runtime = await Runtime.open(bundle)
-    try:
-        yield runtime
-    finally:
-        await runtime.close()
-
-
-async def drained(server: Served, runtime: Runtime, headers: dict | None = None) -> None:
-    """/stats?idle=5: no call in flight and no place held; the runtime's statistics all zero."""
-    async with server.client.get(f"{server.base}/stats?idle=5", headers=headers) as answer:
-        stats = await answer.json()
-    assert stats["calls"] == 0 and stats["in_flight"] == [] and stats["admitted_running"] == 0, stats
-    assert stats["admission_waiting"] == 0 and stats["queued_calls"] == 0, stats
-    assert_clean(runtime)
 
 
 def roles():

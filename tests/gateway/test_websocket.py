@@ -10,7 +10,6 @@ from __future__ import annotations
 import array
 import asyncio
 import base64
-import contextlib
 import inspect
 import io
 import json
@@ -20,7 +19,6 @@ import socket
 import sys
 import wave
 from pathlib import Path
-from typing import NamedTuple
 
 import aiohttp
 import pytest
@@ -33,6 +31,7 @@ from flowrt.gateway.http import ADMISSION
 from flowrt.gateway.ws_wire import PROTOCOL
 from flowrt.values import event_json
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
+from tests.gateway.live import Served, drained, opened, run, served
 from tests.runtime.harness import assert_clean
 from tests.runtime.test_serve import serving
 
@@ -186,41 +185,6 @@ def bundle(tmp_path_factory) -> Path:
     return bundle_with_roles(FLOW, ROLES, tmp_path_factory.mktemp("wsflow"), module="ws_roles")
 
 
-def run(coroutine, seconds: float = 60):
-    return asyncio.run(asyncio.wait_for(coroutine, seconds))
-
-
-class Served(NamedTuple):
-    app: web.Application
-    base: str  # http://HOST:PORT
-    client: aiohttp.ClientSession
-
-
-@contextlib.asynccontextmanager
-async def served(runtime: Runtime, front: FrontDoor | None = None, max_body_mb: float = 1.0, deployment=None):
-    """The gateway over `runtime` on 127.0.0.1 (as flowrt.deploy.serving runs it), and a client."""
-    app = application(runtime, max_body_mb, deployment, front=front)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        async with aiohttp.ClientSession() as client:
-            yield Served(app, f"http://{host}:{port}", client)
-    finally:
-        await runner.cleanup()
-
-
-@contextlib.asynccontextmanager
-async def opened(bundle: Path):
-    runtime = await Runtime.open(bundle)
-    try:
-        yield runtime
-    finally:
-        await runtime.close()
-
-
 async def receive(ws: aiohttp.ClientWebSocketResponse, seconds: float = 10) -> dict:
     message = await ws.receive(timeout=seconds)
     assert message.type is WSMsgType.TEXT, (message.type, message.data, message.extra)
@@ -257,15 +221,6 @@ async def expect_error(ws, events: list | None = None, **fields) -> dict:
         else:
             assert message.get(key) == value, (key, message)
     return message
-
-
-async def drained(server: Served, runtime: Runtime, headers: dict | None = None) -> None:
-    """/stats?idle=5: no call in flight and no place held; the runtime's statistics all zero."""
-    async with server.client.get(f"{server.base}/stats?idle=5", headers=headers) as answer:
-        stats = await answer.json()
-    assert stats["calls"] == 0 and stats["in_flight"] == [] and stats["admitted_running"] == 0, stats
-    assert stats["admission_waiting"] == 0 and stats["queued_calls"] == 0, stats
-    assert_clean(runtime)
 
 
 async def expected_events(runtime: Runtime, graph: str, inputs: dict) -> list[dict]:
