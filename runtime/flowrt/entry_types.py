@@ -104,7 +104,8 @@ def _tensor(value: Any) -> Any:
 def _media(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, list, tuple)):
         raise EntryTypeError(
-            'takes an object (e.g. {"url": ...} or {"base64": ..., "format": ...}) or a string (a URL or data: URI), '
+            'takes an object (e.g. {"url": ...}, {"base64": ..., "format": ...}, or an audio chunk {"format": "pcm16", '
+            '"data": base64}) or a string (a URL or data: URI), '
             f"not {_describe(value)}"
         )
     return value

@@ -513,7 +513,9 @@ def test_a_start_with_interrupt_cuts_the_sessions_running_call_short(bundle):
             async with client.ws_connect(f"{base}/graphs/chat/ws") as ws:  # no session: nothing to interrupt
                 await receive(ws)
                 await ws.send_json({"type": "start", "call": "t3", "inputs": {}, "interrupt": True})
-                await expect_error(ws, call="t3", about="start", over=True, words=["`interrupt`", "session=..."])
+                await expect_error(
+                    ws, call="t3", about="start", over=True, words=["`interrupt`", '"session" in `start`', "?session="]
+                )
             await drained(Served(app, base, client), runtime)
 
     run(main())

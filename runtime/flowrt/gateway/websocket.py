@@ -327,6 +327,11 @@ class Connection:
                     "or send this call's frames as JSON `frame` messages",
                 )
         options = {"interrupt": True} if start.interrupt else {}
+        if start.interrupt and session is None:  # (the runtime's own words name its Python argument)
+            return await refuse(
+                "`interrupt` cuts short the running call of a session, and this call has none",
+                'give the conversation\'s session: "session" in `start`, ?session= or X-Flow-Session when connecting',
+            )
         try:
             handle = self.runtime.start(self.program.name, start.inputs, session=session, timeout=start.timeout, **options)
         except (UnknownGraph, BadInputs, BadTimeout) as error:
