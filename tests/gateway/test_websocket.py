@@ -492,6 +492,69 @@ def test_bad_messages_are_errors_naming_the_place_and_the_fix_and_the_call_goes_
     run(main())
 
 
+def test_too_deep_json_a_start_refused_as_read_and_pcm16_frames_a_role_cannot_read_are_errors_and_all_goes_on(bundle):
+    """JSON nested deeper than the server reads is an `error` (the connection stays open); every
+    `start` refused as it is read (whatever field) says `over`; a pcm16 frame its role could not
+    read (not base64, a part sample, a bad rate) is refused at the edge, and its call goes on."""
+
+    def nested(depth: int) -> str:
+        return "[" * depth + "]" * depth
+
+    def pcm16(data: str, **more) -> dict:
+        return {"format": "pcm16", "data": data} | more
+
+    async def main():
+        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
+            async with client.ws_connect(f"{base}/graphs/listen/ws") as ws:
+                await receive(ws)
+                await ws.send_str(nested(100_000))
+                await expect_error(ws, about=None, call=None, words=["nests too deeply", '"type": "frame"'])
+                await ws.send_str('{"type": "shout", "call": "x", "deep": ' + nested(3000) + "}")  # (read again, plainly)
+                await expect_error(ws, about=None, call=None, words=["nests too deeply"])
+                for rate in (0, 10**9, 384_001, -5, 1.5, "x"):  # the call never existed: `over`
+                    await ws.send_json(
+                        {"type": "start", "call": "sr0", "inputs": {"voice": "v"}, "binary": {"sample_rate": rate}}
+                    )
+                    await expect_error(ws, call="sr0", about="start", over=True, words=["at `$.binary.sample_rate`"])
+                await ws.send_json({"type": "start", "call": "s1", "inputs": {"voice": "v"}, "sesion": "x"})
+                await expect_error(ws, call="s1", about="start", over=True, words=["unknown field `sesion`"])
+                await ws.send_json({"type": "start", "call": "s2", "inputs": "v"})
+                await expect_error(ws, call="s2", about="start", over=True, words=["at `$.inputs`"])
+                await ws.send_json({"type": "start", "inputs": {"voice": "v"}})
+                await expect_error(ws, call=None, about="start", over=True, words=["missing required field `call`"])
+                await ws.send_json({"type": "frame", "call": "x", "field": 3, "value": 1})  # not a start: not `over`
+                assert "over" not in await expect_error(ws, call="x", about="frame", words=["at `$.field`"])
+                # a call at the highest rate, and frames its role could not read: each refused, the call goes on
+                seen: list[dict] = []
+                await ws.send_json({"type": "start", "call": "c", "inputs": {"voice": "v"}, "binary": {"sample_rate": 384_000}})
+                await ws.send_str('{"type": "frame", "call": "c", "field": "audio_in", "value": ' + nested(3000) + "}")
+                await expect_error(ws, seen, about=None, call=None, words=["nests too deeply"])
+                odd = base64.b64encode(b"\x01\x02\x03").decode()
+                for value, words in [
+                    (pcm16("!!!not b64"), ["`audio_in`", "not valid base64", '"format": "pcm16"']),
+                    (pcm16("https://example.com/a.pcm"), ["remote URL"]),
+                    (pcm16(17), ["base64 text, not"]),
+                    (pcm16(odd), ["holds 3 bytes", "2 bytes each"]),
+                    (pcm16(audio_frame([1])["data"], sample_rate=0), ["`sample_rate`", "not 0"]),
+                    (pcm16(audio_frame([1])["data"], sample_rate=10**9), ["from 1 to 384000"]),
+                    (pcm16(audio_frame([1])["data"], sample_rate="16000"), ["`sample_rate`"]),
+                ]:
+                    await ws.send_json({"type": "frame", "call": "c", "field": "audio_in", "value": value})
+                    refused = await expect_error(ws, seen, call="c", about="frame", words=words)
+                    assert "over" not in refused, refused
+                await ws.send_bytes(b"\x01\x02\x03")  # a part sample as a binary message
+                await expect_error(ws, seen, call="c", about="binary", words=["3 bytes", "2 bytes each"])
+                await ws.send_bytes(pcm([1, 2]))
+                await ws.send_json({"type": "frame", "call": "c", "field": "audio_in", "value": audio_frame([4], 8000)})
+                await ws.send_json({"type": "end", "call": "c", "field": "audio_in"})
+                got = await until_done(ws, "c", seen)
+                heard = [(e["value"]["sum"], e["value"]["rate"]) for e in got if e["event"] == "stream"]
+                assert heard == [(3, 384_000), (4, 8000)] and got[-1]["status"] == "ok", got
+            await drained(Served(app, base, client), runtime)
+
+    run(main())
+
+
 @pytest.mark.skipif("interrupt" not in inspect.signature(Runtime.start).parameters, reason="no barge-in in this runtime")
 def test_a_start_with_interrupt_cuts_the_sessions_running_call_short(bundle):
     async def main():

@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from flowrt import media as media_files
 from flowrt.control import BadInputs, BadTimeout, InputClosed, Runtime, UnknownGraph
 from flowrt.control.inputs import CallHandle, check_frame, streaming_entry
 from flowrt.control.program import GraphProgram
@@ -49,6 +50,7 @@ BINARY_TYPES = ("Audio", "Bytes")  # the types of streaming entry a binary messa
 CONNECTIONS: web.AppKey[dict] = web.AppKey("websockets", dict)  # the open connections (ws -> Connection)
 SHUTDOWN_WAIT = 5.0  # seconds the server's shutdown waits for a connection's cancelled calls to write their `done`
 log = logging.getLogger("flowrt.gateway")
+_UNLIMITED = media_files.MediaLimits(max_media_bytes=2**62)
 
 
 def add_routes(
@@ -112,6 +114,10 @@ class WebSocketEndpoint:
         connection = self.connections[ws] = Connection(self, request, ws, program, session)
         try:
             await connection.serve()
+        except Exception:  # noqa: BLE001 - a bug in flowrt: logged, and the connection closed as WebSocket says (1011)
+            log.exception("internal error on the WebSocket %s", request.path)  # (not an HTTP answer: it is upgraded)
+            with contextlib.suppress(Exception):
+                await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error; the server's log tells it")
         finally:
             self.connections.pop(ws, None)
         return ws
@@ -216,7 +222,7 @@ class Connection:
         try:
             message = wire.decode(data)
         except wire.WireError as error:
-            await self.fail(error.message, error.hint, call=error.call, about=error.about)
+            await self.fail(error.message, error.hint, call=error.call, about=error.about, over=error.over)
             return
         if isinstance(message, wire.Start):
             await self.started(message)
@@ -239,11 +245,21 @@ class Connection:
             await self.end(turn, message.field)
 
     async def frame(self, turn: Turn, field: str, value: Any, about: str) -> None:
-        """A frame checked at the edge (BadInputs: an error message, the frame dropped), then queued."""
+        """A frame checked at the edge (BadInputs, or a pcm16 chunk its role cannot read: an error
+        message, the frame dropped), then queued."""
         try:
             checked = check_frame(self.runtime, self.program, field, value)
         except BadInputs as error:
             await self.fail(str(error), _frame_hint(self.program, self.types, field), call=turn.name, about=about)
+            return
+        unreadable = _pcm16_problem(checked) if self.types.get(field) == "Audio" and about != "binary" else None
+        if unreadable is not None:
+            await self.fail(
+                f"call `{turn.name}`: a frame of streaming entry `{field}`: {unreadable}",
+                'send a pcm16 chunk as {"format": "pcm16", "data": BASE64 OF LITTLE-ENDIAN INT16 SAMPLES, "sample_rate": 16000}',
+                call=turn.name,
+                about=about,
+            )
             return
         if field in turn.ended:
             await self.fail(
@@ -285,7 +301,16 @@ class Connection:
             )
             return
         field, make = turn.binary
-        await self.frame(turn, field, make(data), "binary")
+        frame = make(data)
+        if isinstance(frame, dict) and frame["format"] == "pcm16" and len(data) % 2:
+            await self.fail(
+                f"call `{turn.name}`: a binary message of {len(data)} bytes, and pcm16 samples are 2 bytes each",
+                "send whole samples (an even number of bytes) in each binary message",
+                call=turn.name,
+                about="binary",
+            )
+            return
+        await self.frame(turn, field, frame, "binary")
 
     async def cancel(self, turn: Turn, reason: str = "cancelled by the client") -> None:
         turn.cancelled = True
@@ -471,6 +496,24 @@ def _carried(event: dict) -> tuple[dict, bytes] | None:
     except Exception:  # noqa: BLE001 - a role's value: a media() that fails is sent as JSON (described there)
         return None
     return {key: value for key, value in told.items() if key != "base64"} | {"binary": len(data)}, data
+
+
+def _pcm16_problem(value: Any) -> str | None:
+    """Why a role cannot read an audio chunk given as {"format": "pcm16", "data": ...} (data that
+    is not base64, nor a data URL of it; a part sample; a sample rate that is not 1 to 384000 Hz),
+    or None (for any other value too: its role judges it)."""
+    if not isinstance(value, dict) or value.get("format") != "pcm16" or "data" not in value:
+        return None
+    try:  # (no size limit here: the message's is the server's)
+        data = media_files.media_bytes(value["data"], part="`data`", kind="audio", limits=_UNLIMITED)
+    except media_files.MediaError as error:
+        return str(error)
+    if len(data) % 2:
+        return f"pcm16 `data` holds {len(data)} bytes, and int16 samples are 2 bytes each"
+    rate = value.get("sample_rate", 16_000)
+    if not isinstance(rate, int) or isinstance(rate, bool) or not 1 <= rate <= wire.MAX_SAMPLE_RATE:
+        return f"`sample_rate` is a whole number of Hz from 1 to {wire.MAX_SAMPLE_RATE}, not {str(rate)[:40]}"
+    return None
 
 
 def _frame_hint(program: GraphProgram, types: dict[str, str], field: str) -> str:

@@ -19,6 +19,7 @@ PROTOCOL = "flowrt.ws.v1"  # the WebSocket subprotocol, and `hello`'s `protocol`
 VERSION = 1
 CallId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+MAX_SAMPLE_RATE = 384_000  # Hz: the most an Audio frame's `sample_rate` may be (binary, or a pcm16 `frame`)
 AUDIO_FORMATS = ("pcm16", "wav", "flac", "ogg")  # what a binary Audio frame may be (flowstd's audio segments)
 
 
@@ -27,7 +28,7 @@ class Binary(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     field: Name | None = None  # default: the graph's one streaming entry of type Audio or Bytes
     format: str = "pcm16"  # Audio: pcm16 (little-endian int16 samples), wav, flac or ogg
-    sample_rate: Annotated[int, msgspec.Meta(ge=1, le=384_000)] = 16_000  # Audio: Hz
+    sample_rate: Annotated[int, msgspec.Meta(ge=1, le=MAX_SAMPLE_RATE)] = 16_000  # Audio: Hz
 
 
 class Start(msgspec.Struct, tag="start", tag_field="type", forbid_unknown_fields=True, frozen=True):
@@ -74,6 +75,7 @@ class WireError(Exception):
     def __init__(self, message: str, hint: str, about: str | None = None, call: str | None = None):
         super().__init__(message)
         self.message, self.hint, self.about, self.call = message, hint, about, call
+        self.over = about == "start"  # a `start` refused here: its call never existed (the error says `over`)
 
 
 def decode(text: str) -> Message:
@@ -82,12 +84,23 @@ def decode(text: str) -> Message:
         return _DECODER.decode(text)
     except (msgspec.ValidationError, msgspec.DecodeError) as error:
         raise _explained(text, error) from None
+    except RecursionError:  # (JSON nested deeper than the decoder goes: nothing of it can be read)
+        raise _too_deep() from None
+
+
+def _too_deep() -> WireError:
+    return WireError(
+        "the text message nests too deeply to read (arrays or objects inside one another, deeper than the server reads)",
+        f"send a flatter value, e.g. {EXAMPLES['frame']}",
+    )
 
 
 def _explained(text: str, error: Exception) -> WireError:
     """Why `text` is not a message (read again, as plain JSON, only when it failed)."""
     try:
         value = msgspec.json.decode(text)
+    except RecursionError:
+        return _too_deep()
     except msgspec.DecodeError as bad:
         return WireError(f"a text message must be a JSON object, and this is not JSON ({bad})", f"send e.g. {EXAMPLES['start']}")
     if not isinstance(value, dict):
