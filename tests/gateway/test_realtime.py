@@ -341,6 +341,89 @@ def test_barge_in_stops_the_running_reply_within_one_chunk_and_the_next_turn_com
     run(main())
 
 
+def test_a_cancel_straight_after_create_ends_that_response_and_the_connection_goes_on(bundle):
+    async def main():
+        sys.modules.pop("rt_roles", None)
+        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
+            async with client_of(base).realtime.connect(model="talk") as connection:
+                await until(connection, "session.created")
+                await connection.session.update(session={"output_modalities": ["text"]})
+                await until(connection, "session.updated")
+                for audio in [b64([1, 2])] * 3 + [None] * 3:  # a turn appended, or nothing appended
+                    if audio is not None:
+                        await connection.input_audio_buffer.append(audio=audio)
+                    await connection.response.create()
+                    await connection.response.cancel()  # (read before the turn's call has started)
+                    seen: list = []
+                    created = await until(connection, "response.created", seen)
+                    done = await until(connection, "response.done", seen)
+                    assert done.response.id == created.response.id, done
+                    assert done.response.status == "cancelled" and done.response.status_details.reason == "client_cancelled"
+                    assert [e.type for e in seen] == ["input_audio_buffer.committed"] * (audio is not None), seen
+                # the connection goes on: nothing runs, and a turn is answered as usual
+                await connection.response.cancel()
+                assert (await until(connection, "error")).error.code == "response_cancel_not_active"
+                await connection.input_audio_buffer.append(audio=b64([4, 4, 4]))
+                await connection.response.create()
+                _, events, done = await response_of(connection, [])
+                assert deltas(events, "response.output_text.delta") == ["heard 1 chunks,", "3 samples,", "-"]
+                assert done.response.status == "completed"
+            await drained(Served(app, base, client), runtime)
+
+    run(main())
+
+
+@pytest.mark.parametrize("graph, count", [("plain", 2), ("plain", 5), ("plain", 20), ("interruptible", 5)])
+def test_responses_created_back_to_back_each_end_once_and_the_last_completes(bundle, tmp_path, graph, count):
+    if graph == "interruptible":  # (a barge-in there starts the next call with `interrupt`, when it can)
+        bundle = bundle_with_roles(INTERRUPTIBLE_FLOW, INTERRUPTIBLE_ROLES, tmp_path, module="rti_roles")
+
+    async def main():
+        sys.modules.pop("rt_roles", None), sys.modules.pop("rti_roles", None)
+        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
+            async with client_of(base).realtime.connect(model="talk") as connection:
+                await until(connection, "session.created")
+                await connection.session.update(session={"output_modalities": ["text"]})
+                await until(connection, "session.updated")
+                await connection.input_audio_buffer.append(audio=b64([1, 2]))
+                for _ in range(count):  # each one a barge-in on the one before
+                    await connection.response.create()
+                created: list[str] = []
+                done: dict = {}
+                others: list = []
+                while len(done) < count:
+                    event = await asyncio.wait_for(connection.recv(), 10)
+                    if event.type == "response.created":
+                        created.append(event.response.id)
+                    elif event.type == "response.done":
+                        assert event.response.id in created and event.response.id not in done, event
+                        done[event.response.id] = event.response
+                    elif event.type == "response.output_text.delta":
+                        assert event.response_id in created and event.response_id not in done, event
+                    else:
+                        others.append(event)
+                assert len(created) == count and set(done) == set(created), (created, done)
+                assert [e.type for e in others] == ["input_audio_buffer.committed"], others
+                for response_id in created[:-1]:  # stopped by the next one, unless it had ended by then
+                    response = done[response_id]
+                    assert response.status == "completed" or (
+                        response.status == "cancelled" and response.status_details.reason == "turn_detected"
+                    ), response
+                last = done[created[-1]]
+                assert last.status == "completed" and last.output[0].content[0].text == "heard 0 chunks,0 samples,-"
+                # the connection goes on
+                await connection.response.cancel()
+                assert (await until(connection, "error")).error.code == "response_cancel_not_active"
+                await connection.input_audio_buffer.append(audio=b64([4, 4, 4]))
+                await connection.response.create()
+                _, events, done_again = await response_of(connection, [])
+                assert deltas(events, "response.output_text.delta") == ["heard 1 chunks,", "3 samples,", "-"]
+                assert done_again.response.status == "completed"
+            await drained(Served(app, base, client), runtime)
+
+    run(main())
+
+
 # ── bad input ──
 
 

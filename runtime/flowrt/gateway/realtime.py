@@ -183,7 +183,8 @@ class Turn:
         self.retired = asyncio.Event()
         self.failure: wire.RealtimeError | None = None  # why its call did not run or ended badly
         self.done: dict | None = None
-        self.task: asyncio.Task | None = None
+        self.work: asyncio.Task | None = None  # waiting its turn, then its call: what `stop` cancels
+        self.task: asyncio.Task | None = None  # `work`, then the turn retired (never cancelled)
 
 
 class Connection:
@@ -295,6 +296,7 @@ class Connection:
     def open_turn(self) -> Turn:
         turn = Turn(self.turns[-1] if self.turns else None, self.settings, self.model)
         self.turns.append(turn)
+        turn.work = asyncio.ensure_future(self.work(turn))
         turn.task = asyncio.ensure_future(self.run(turn))
         return turn
 
@@ -365,13 +367,13 @@ class Connection:
         return next((t for t in self.turns if t.response is not None and not t.response.finished.is_set()), None)
 
     async def stop(self, turn: Turn, reason: str) -> None:
-        """Cancel `turn`'s call (one not started never starts), and wait until it is retired."""
+        """Cancel `turn`'s call (one not started never starts); its task retires it (`run`)."""
         turn.dropped = turn.dropped or turn.response is None
         turn.taking.set()
         if turn.handle is not None:
             await turn.handle.cancel(reason)
-        elif turn.task is not None and not turn.task.done():  # waiting for the turn before, or for a place
-            turn.task.cancel()
+        elif turn.work is not None and not turn.work.done():  # waiting for the turn before, or for a place
+            turn.work.cancel()
 
     # ── a turn's life ──
 
@@ -394,21 +396,29 @@ class Connection:
                 if stack is not None:
                     await stack.aclose()
 
-    async def run(self, turn: Turn) -> None:
+    async def work(self, turn: Turn) -> None:
         """Wait for the turn before (or a barge-in), start the call, feed it and take its events."""
-        try:
-            if turn.ahead is not None and not turn.ahead.retired.is_set():
-                ahead, go = asyncio.ensure_future(turn.ahead.retired.wait()), asyncio.ensure_future(turn.go.wait())
-                try:
-                    await asyncio.wait((ahead, go), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    ahead.cancel(), go.cancel()
+        if turn.ahead is not None and not turn.ahead.retired.is_set():
+            ahead, go = asyncio.ensure_future(turn.ahead.retired.wait()), asyncio.ensure_future(turn.go.wait())
+            try:
+                await asyncio.wait((ahead, go), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ahead.cancel(), go.cancel()
+        if turn.dropped:
+            return
+        async with self.placed():
             if turn.dropped:
                 return
-            async with self.placed():
-                if turn.dropped:
-                    return
-                await self.answer(turn)
+            await self.answer(turn)
+
+    async def run(self, turn: Turn) -> None:
+        """The turn's `work`, then the turn retired and its response's response.done sent, however
+        the work ended: `stop` cancels the work, and a task cancelled before its first step runs
+        none of its coroutine (not even a `finally`), so the retiring is here, in a task of its own."""
+        try:
+            await asyncio.wait((turn.work,))
+            if not turn.work.cancelled() and turn.work.exception() is not None:
+                raise turn.work.exception()
         except Refused as refused:
             turn.failure = wire.RealtimeError(refused.message, refused.code, kind="server_error" if refused.status >= 500 else "")
             if turn.response is None:
