@@ -176,6 +176,7 @@ class Turn:
         self.held: deque[dict] = deque()  # events made before its response was asked for
         self.out = asyncio.Lock()  # the response's events leave in order, held ones first
         self.handle: Any = None
+        self.admitted = False  # its call has started (a call still waiting is stopped, not interrupted)
         self.go = asyncio.Event()  # start now (a barge-in, or the turn is over before it started)
         self.interrupt = False  # start with `interrupt=True`
         self.taking = asyncio.Event()  # clear while a barge-in's call is on its way to interrupt this one
@@ -328,7 +329,8 @@ class Connection:
         running = self.responding()
         if running is not None:  # barge-in: nothing more of the running response reaches the client
             running.response.stopped = "turn_detected"
-            if self.interruptible:  # ... nor is taken from its call: what its roles learn was taken was delivered
+            # ... nor is taken from its call (what its roles learn was taken was delivered), once it has started
+            if self.interruptible and running.admitted:
                 running.taking.clear()
         if self.input is not None:
             await self.commit(event.event_id)
@@ -338,7 +340,7 @@ class Connection:
             target.committed = True
             target.inbox.put_nowait(("end", None, 0))
         if running is not None:  # ... and its call is cancelled
-            if self.interruptible and running.handle is not None and target.ahead is running:
+            if self.interruptible and running.admitted and target.ahead is running:
                 target.interrupt = True  # the runtime cancels the running call when this one comes
             else:
                 await self.stop(running, "interrupted")
@@ -474,6 +476,7 @@ class Connection:
         feeder = asyncio.ensure_future(self.feed(turn))
         try:
             async with turn.handle:  # admitted: a barge-in's call has interrupted the one before
+                turn.admitted = True
                 if turn.interrupt:
                     turn.ahead.taking.set()
                 while True:
