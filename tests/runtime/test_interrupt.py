@@ -255,3 +255,75 @@ def test_call_batches_drop_what_the_interrupted_caller_had_not_taken(tmp_path):
         await runtime.close()
 
     run(main())
+
+
+LISTEN = """
+placeholder stream words: Text
+
+role echo {
+    impl "m:Echo"
+    interface hear {
+        in  words
+        out stream heard: Text
+    }
+}
+
+graph talk {
+    entry  words
+    stream heard ordered
+    interruptible
+}
+"""
+
+
+class Echo:
+    def __init__(self):
+        self.gate = asyncio.Event()
+
+    async def hear(self, ctx, words):
+        await self.gate.wait()
+        yield {"heard": words}
+
+
+def test_barge_ins_in_quick_succession_each_end_and_the_last_runs(tmp_path):
+    # a streaming call waiting for its turn when a later one interrupts it never takes a frame:
+    # its input is over at once, its caller gets `done` (interrupted), and the session moves on
+    async def main():
+        echo = Echo()
+        runtime = await open_runtime(LISTEN, tmp_path, {"echo": [echo]})
+        try:
+            first = runtime.start("talk", {}, session="s")
+            await first.send("words", "hello")
+            reading = [asyncio.ensure_future(_events(first))]
+            later = [runtime.start("talk", {}, session="s", interrupt=True) for _ in range(3)]
+            reading += [asyncio.ensure_future(_events(call)) for call in later]
+            sends = [asyncio.ensure_future(_send_and_end(call, f"turn {n}")) for n, call in enumerate(later)]
+            echo.gate.set()
+            outcomes = await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 10)
+            events = await asyncio.wait_for(asyncio.gather(*reading), 10)
+            assert runtime.statistics()["calls"] == 0 and runtime.statistics()["queued_calls"] == 0
+        finally:
+            await asyncio.wait_for(runtime.close(), 10)  # (a call left behind would hold it for ever)
+        return outcomes, events
+
+    outcomes, events = asyncio.run(main())
+    ends = [(done(e)["status"], done(e).get("reason")) for e in events]
+    assert ends == [("cancelled", "interrupted")] * 3 + [("ok", None)]
+    assert outcomes[:2] == [True, True] and outcomes[2] is None  # the interrupted ones' input was closed
+    assert streamed(events[-1], "heard") == ["turn 2"]
+
+
+async def _events(call) -> list[dict]:
+    return [event async for event in call]
+
+
+async def _send_and_end(call, words: str):
+    """None once sent and ended; True where the call was over before it could take its input."""
+    from flowrt.errors import InputClosed
+
+    try:
+        await call.send("words", words)
+        await call.end("words")
+    except InputClosed:
+        return True
+    return None

@@ -31,6 +31,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from flowrt.control.signals import Reason
 from flowrt.entry_types import EntryTypeError
 from flowrt.errors import BadInputs, InputClosed
 
@@ -147,6 +148,9 @@ class CallHandle:
         self._leaving = (call, watchdog, anonymous)
         try:
             call.start()
+            if call.cancelled:  # interrupted while it waited for its turn: its entries, just opened, end at once
+                while call.entries:
+                    call.entry_end(next(iter(call.entries)), Reason.CANCEL)
             self.call = call
             yield ADMITTED
             outbox = call.outbox
