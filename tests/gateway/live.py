@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from pathlib import Path
 from typing import NamedTuple
 
@@ -60,3 +61,11 @@ async def drained(server: Served, runtime: Runtime, headers: dict | None = None)
     assert stats["calls"] == 0 and stats["in_flight"] == [] and stats["admitted_running"] == 0, stats
     assert stats["admission_waiting"] == 0 and stats["queued_calls"] == 0, stats
     assert_clean(runtime)
+
+
+def masked_text(message: dict) -> bytes:
+    """One client text frame (masked, as RFC 6455 asks of a client)."""
+    payload, mask = json.dumps(message).encode(), b"\x01\x02\x03\x04"
+    assert len(payload) < 126
+    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return bytes([0x81, 0x80 | len(payload)]) + mask + body

@@ -30,7 +30,7 @@ from flowrt.control import Runtime, bounds
 from flowrt.frontdoor import FrontDoor
 from flowrt.gateway.realtime import CONNECTIONS
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
-from tests.gateway.live import Served, drained, opened, run, served
+from tests.gateway.live import Served, drained, masked_text, opened, run, served
 
 FLOW = """
 flow rtflow
@@ -595,14 +595,6 @@ async def raw_websocket(host: str, port: int, path: str):
         length = int.from_bytes(await reader.readexactly(2), "big")
     assert json.loads(await reader.readexactly(length))["type"] == "session.created"
     return reader, writer
-
-
-def masked_text(message: dict) -> bytes:
-    """One client text frame (masked, as RFC 6455 asks of a client)."""
-    payload, mask = json.dumps(message).encode(), b"\x01\x02\x03\x04"
-    assert len(payload) < 126
-    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-    return bytes([0x81, 0x80 | len(payload)]) + mask + body
 
 
 # ── barge-in through the runtime's `interrupt` ──

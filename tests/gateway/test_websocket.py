@@ -31,7 +31,7 @@ from flowrt.gateway.http import ADMISSION
 from flowrt.gateway.ws_wire import PROTOCOL
 from flowrt.values import event_json
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
-from tests.gateway.live import Served, drained, opened, run, served
+from tests.gateway.live import Served, drained, masked_text, opened, run, served
 from tests.runtime.harness import assert_clean
 from tests.runtime.test_serve import serving
 
@@ -692,14 +692,6 @@ async def raw_websocket(host: str, port: int, path: str):
         length = int.from_bytes(await reader.readexactly(2), "big")
     assert json.loads(await reader.readexactly(length))["type"] == "hello"
     return reader, writer
-
-
-def masked_text(message: dict) -> bytes:
-    """One client text frame (masked, as RFC 6455 asks of a client)."""
-    payload, mask = json.dumps(message).encode(), b"\x01\x02\x03\x04"
-    assert len(payload) < 126
-    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-    return bytes([0x81, 0x80 | len(payload)]) + mask + body
 
 
 # ── the front door ──
