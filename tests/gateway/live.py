@@ -54,13 +54,19 @@ async def opened(bundle: Path):
         await runtime.close()
 
 
-async def drained(server: Served, runtime: Runtime, headers: dict | None = None) -> None:
-    """/stats?idle=5: no call in flight and no place held; the runtime's statistics all zero."""
+async def drained(server: Served, runtime: Runtime, headers: dict | None = None, idle_sessions: int = 0) -> None:
+    """/stats?idle=5: no call in flight and no place held; the runtime's statistics all zero but
+    `idle_sessions` sessions whose state is kept (a client's named session outlives its calls)."""
     async with server.client.get(f"{server.base}/stats?idle=5", headers=headers) as answer:
         stats = await answer.json()
     assert stats["calls"] == 0 and stats["in_flight"] == [] and stats["admitted_running"] == 0, stats
     assert stats["admission_waiting"] == 0 and stats["queued_calls"] == 0, stats
-    assert_clean(runtime)
+    if idle_sessions:
+        held = runtime.statistics()
+        assert held["sessions"] == held["idle_sessions"] == idle_sessions, held
+        assert all(v == 0 for k, v in held.items() if k not in ("sessions", "idle_sessions")), held
+    else:
+        assert_clean(runtime)
 
 
 def masked_text(message: dict) -> bytes:

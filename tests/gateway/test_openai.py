@@ -178,8 +178,16 @@ def test_a_graph_reports_its_own_finish_reason_and_token_counts(client: openai.O
             finish, usage = answer.choices[0].finish_reason, answer.usage
         assert finish == "length"
         assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (4, 20, 24)
+        assert usage.prompt_tokens_details is None  # (it said nothing of reused tokens)
     plain = client.chat.completions.create(model="counted", messages=user("a b c"))
     assert plain.choices[0].finish_reason == "stop" and plain.usage.completion_tokens == 3  # no counts: its chunks
+    # reused tokens are OpenAI's cached tokens, where they can be (never more than the prompt)
+    for reused, cached in ((3, 3), (0, 0), (9, None), (-1, None), (True, None)):
+        answer = client.chat.completions.create(
+            model="counted", messages=user("a b c d"), extra_body={"budget": 2, "reused": reused}
+        )
+        details = answer.usage.prompt_tokens_details
+        assert (details.cached_tokens if details is not None else None) == cached, reused
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,8 @@ records no output types (`graphs.G.output_types` in bundle.json) lets every outp
 the same order, and the field's values are checked instead: a graph whose text field sends
 something that is not a string is refused (400) before anything is written.
 
-`usage` counts what the gateway can count honestly: `completion_tokens` is the number of content
+`usage` counts what the gateway can count honestly: the counts the graph reported in a Json output
+(`TokenCounts`: prompt, completion and cached tokens), else `completion_tokens` is the number of content
 chunks (text frames), `prompt_tokens` is 0 (the roles tokenize, not the gateway).
 `max_tokens` / `max_completion_tokens` cap that count: the call is cancelled there, finish
 reason `length`. Every error is OpenAI's object `{"error": {"message", "type", "param",
@@ -50,6 +51,7 @@ from flowrt.gateway.openai_request import (
     ChatError,
     ChatRequest,
     ChatShape,
+    TokenCounts,
     chat_shape,
     kind_of,
     parse_body,
@@ -88,7 +90,7 @@ class Answer:
     finish: str | None = None  # "length" once the limit is reached; otherwise `done` decides
     failure: ChatError | None = None  # the text field sent something that is not text
     reported_finish: str | None = None  # what the graph said of its own end (`_report`)
-    reported_usage: tuple[int, int] | None = None  # (prompt, completion) tokens the graph counted
+    reported_usage: TokenCounts | None = None  # the tokens the graph counted
     roots: tuple = ()  # the impl's directories: errors' `where` is told relative to them (exposure)
     audio: bool = False  # the request asked for audio: the audio field's frames are the answer's too
     sample_rate: int | None = None  # the audio's (every frame's must agree)
@@ -152,9 +154,7 @@ class Answer:
             return
         if value.get("finish_reason") in FINISH_REASONS:
             self.reported_finish = value["finish_reason"]
-        counts = [value.get(name) for name in ("prompt_tokens", "completion_tokens")]
-        if all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
-            self.reported_usage = (counts[0], counts[1])
+        self.reported_usage = TokenCounts.reported(value) or self.reported_usage
 
     @property
     def over(self) -> bool:
@@ -231,9 +231,16 @@ class Reply:
             **extra,
         }
 
-    def usage(self) -> dict[str, int]:
-        prompt, completion = self.answer.reported_usage or (0, self.answer.chunks)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    def usage(self) -> dict[str, Any]:
+        counts = self.answer.reported_usage or TokenCounts(0, self.answer.chunks)
+        usage: dict[str, Any] = {
+            "prompt_tokens": counts.prompt,
+            "completion_tokens": counts.completion,
+            "total_tokens": counts.prompt + counts.completion,
+        }
+        if counts.cached is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": counts.cached}
+        return usage
 
     async def gathered(self, events: AsyncIterator[list[dict]]) -> web.Response:
         """The whole call as one `chat.completion` (or the HTTP error it ended with)."""

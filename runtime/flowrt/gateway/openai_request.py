@@ -31,6 +31,32 @@ MODALITIES = ("text", "audio")
 AUDIO_FORMATS = ("wav", "pcm16")  # what `audio.format` may ask for: a streamed answer sends pcm16
 
 
+@dataclass(frozen=True)
+class TokenCounts:
+    """What a graph reported of its own generation in a Json output (flowstd's `llm` and voice
+    thinkers send one): `prompt_tokens` and `completion_tokens`, and `reused_tokens`, the prompt's
+    tokens whose KV came from the cache (OpenAI's `cached_tokens`), where it says. The chat
+    endpoint's `usage` and the Realtime endpoint's `response.done` usage are built from it."""
+
+    prompt: int
+    completion: int
+    cached: int | None = None
+
+    @classmethod
+    def reported(cls, value: Any) -> TokenCounts | None:
+        """The counts in `value`, or None where it holds no well-formed pair."""
+        if not isinstance(value, dict):
+            return None
+        counts = [value.get(name) for name in ("prompt_tokens", "completion_tokens", "reused_tokens")]
+        if not all(_count(n) for n in counts[:2]):
+            return None
+        return cls(counts[0], counts[1], counts[2] if _count(counts[2]) and counts[2] <= counts[0] else None)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class ChatError(Exception):
     """A request the endpoint answers with OpenAI's error object."""
 

@@ -48,7 +48,7 @@ from flowrt.gateway.access import PRINCIPAL, SessionOwners, refused_session
 from flowrt.gateway.admission import Admission, Refused
 from flowrt.gateway.exposure import client_events, hide_paths
 from flowrt.gateway.openai import call_error
-from flowrt.gateway.openai_request import ChatError, served
+from flowrt.gateway.openai_request import ChatError, TokenCounts, served
 from flowrt.observe.audio import AudioClock, AudioFigures
 from flowrt.observe.metrics import Metrics
 
@@ -157,6 +157,7 @@ class Response:
         self.text: list[str] = []
         self.stopped: str | None = None  # why the client stopped it: `client_cancelled` or `turn_detected`
         self.failure: wire.RealtimeError | None = None  # the graph sent what cannot be an answer
+        self.usage: TokenCounts | None = None  # what the graph reported of its generation (response.done's usage)
         self.finished = asyncio.Event()  # its response.done is sent
 
 
@@ -560,6 +561,8 @@ class Connection:
             data = base64.b64encode(pcm).decode("ascii")
             await self.say(wire.event(self.names.audio_delta, **self.delta(turn), delta=data))
             turn.clock.saw(event, time.perf_counter())
+        else:
+            response.usage = TokenCounts.reported(value) or response.usage
 
     def delta(self, turn: Turn) -> dict[str, Any]:
         response = turn.response
@@ -578,7 +581,7 @@ class Connection:
                 error = wire.RealtimeError(told.message, told.code or "call_failed", kind=kind)
         status, details = wire.ending(response.stopped, error, (turn.done or {}).get("reason", ""))
         item = self.names.item(response.item_id, "".join(response.text), response.settings.audio_out, status == "completed")
-        body = self.names.response(response.id, response.settings, status, item, details)
+        body = self.names.response(response.id, response.settings, status, item, details, response.usage)
         response.finished.set()
         await self.say(wire.event("response.done", response=body))
         if turn.retired.is_set():

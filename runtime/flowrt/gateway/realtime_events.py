@@ -23,6 +23,7 @@ import msgspec
 
 from flowrt import media
 from flowrt.gateway.exposure import hide_paths
+from flowrt.gateway.openai_request import TokenCounts
 from flowrt.values import summarize
 
 EventId = Annotated[str, msgspec.Meta(max_length=512)]
@@ -364,6 +365,18 @@ SUPPORTED = (
 # ── the server's events ──
 
 
+def usage(counts: TokenCounts) -> dict[str, Any]:
+    """OpenAI's Realtime usage object: input tokens are the prompt's (`cached_tokens` of them had
+    their KV reused), output tokens the generated ones."""
+    details = {"cached_tokens": counts.cached} if counts.cached is not None else {}
+    return {
+        "total_tokens": counts.prompt + counts.completion,
+        "input_tokens": counts.prompt,
+        "output_tokens": counts.completion,
+        "input_token_details": details,
+    }
+
+
 @dataclass(frozen=True)
 class Names:
     """The event names and shapes of one protocol version: beta (`OpenAI-Beta: realtime=v1`) or GA."""
@@ -411,16 +424,24 @@ class Names:
         }
 
     def response(
-        self, response_id: str, settings: Settings, status: str, item: dict[str, Any] | None = None, details: dict | None = None
+        self,
+        response_id: str,
+        settings: Settings,
+        status: str,
+        item: dict[str, Any] | None = None,
+        details: dict | None = None,
+        counts: TokenCounts | None = None,
     ) -> dict[str, Any]:
-        """The response object of response.created (`in_progress`, no output) and response.done."""
+        """The response object of response.created (`in_progress`, no output) and response.done;
+        its `usage` is what the graph reported (null where it reported nothing, as a call that was
+        cancelled before its report)."""
         body: dict[str, Any] = {
             "id": response_id,
             "object": "realtime.response",
             "status": status,
             "status_details": details,
             "output": [item] if item is not None else [],
-            "usage": None,
+            "usage": usage(counts) if counts is not None else None,
         }
         if self.beta:
             body["modalities"] = ["text", "audio"] if settings.audio_out else ["text"]

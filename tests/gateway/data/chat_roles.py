@@ -59,4 +59,5 @@ class Counter:
         # after the text, as flowstd's llm reports its end and its counts
         yield {"tally": {"words": len(said), "finish_reason": "stop" if said == words else "length"}}
         if "budget" in order:
-            yield {"tally": {"prompt_tokens": len(words), "completion_tokens": len(said) * 10}}
+            tally = {"prompt_tokens": len(words), "completion_tokens": len(said) * 10}
+            yield {"tally": {**tally, **({"reused_tokens": order["reused"]} if "reused" in order else {})}}
