@@ -206,6 +206,29 @@ def test_two_requests_writing_one_page_never_share_unwritten_data(pool):
     assert kv.l1.statistics()["held_pages"] == 0
 
 
+def test_a_private_copy_another_request_committed_first_stays_its_writers_until_it_releases(pool):
+    # B wrote p into a private slot while A wrote p; A committed first, so A's slot is the page. B's
+    # context still reads its own slot: until B releases, no allocation (B's next pages, its scratch,
+    # anybody's) may be given that slot (a generation once read the same slot twice in one context)
+    kv = pool(device=4, host=8)
+    (first,) = kv.allocate(["p"], "A")
+    (second,) = kv.allocate(["p"], "B")
+    copy = fill(kv, [second], seed=3)[second]
+    fill(kv, [first], seed=3)
+    assert kv.commit("s1", ["p"], "A") and kv.commit("s2", ["p"], "B")
+    assert kv.l1.slot_of("p") == first
+    later = kv.allocate(["q", "r"], "B")  # every other slot of the device tier
+    assert second not in later and first not in later
+    with pytest.raises(SlotsExhausted):
+        kv.l1.allocate(["x"], writer="C")  # (B's copy is held, not idle: nothing to evict for C)
+    assert torch.equal(page_in_l1(kv, second), copy)  # B's context reads what B wrote
+    kv.release("A")
+    kv.release("B")
+    assert kv.l1.statistics()["held_pages"] == 0
+    assert kv.l1.key_at(second) is None  # the copy went with B's holds
+    assert kv.committed("p") and kv.l1.slot_of("p") == first
+
+
 def test_commit_of_pages_nobody_allocated_is_refused(pool):
     kv = pool()
     with pytest.raises(Exception, match="did not allocate"):

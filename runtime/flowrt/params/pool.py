@@ -145,6 +145,7 @@ class KVPool(Publishing, Demotion, Verification):
         self._writing: dict[str, str] = {}  # page -> the request writing it (allocated, not committed)
         self._aliases: dict[tuple[str, str], str] = {}  # (request, page) -> its private slot's key
         self._aliases_made = itertools.count()
+        self._superseded: dict[str, list[str]] = {}  # request -> its private copies of pages another committed first
         self._chains: dict[str, list[str]] = {}  # session -> its pages as committed here (recent last)
         self._unpublished: dict[str, int] = {}  # session -> first page the store has not taken
         self._beat_at: float | None = None
@@ -253,7 +254,10 @@ class KVPool(Publishing, Demotion, Verification):
 
     def _settle_alias(self, owner: str, key: str) -> None:
         """`owner` wrote `key` into a private slot while another request was writing it too: the
-        private copy becomes the page if the other gave up, else it goes (the other's is the same)."""
+        private copy becomes the page if the other gave up; else the other's is the page, and the
+        private copy (the same K/V) stays held for `owner` until it releases, because `owner`'s
+        context still reads that slot: freed now, it could be handed out again to `owner` itself
+        (a scratch page) or to anybody, under a context that still points at it."""
         alias = self._aliases.pop((owner, key))
         if self.l1.slot_of(key) is None:
             target = self.l1.write(alias, owner, key)  # renamed in place: nobody else holds it
@@ -261,8 +265,9 @@ class KVPool(Publishing, Demotion, Verification):
             self.l1.finish_write(target.key, owner)
             self.counters.committed_pages += 1
         else:
-            self.l1.release([alias], owner, Tracker.WRITE)
-            self.l1.remove([alias])
+            self.l1.acquire(Tracker.ACTIVE, [alias], owner)
+            self.l1.finish_write(alias, owner)
+            self._superseded.setdefault(owner, []).append(alias)
 
     def _drop_uncommitted(self, owner: str, keys: Sequence[str] | None = None) -> None:
         """Forget pages `owner` allocated and never committed (all of them by default): their
@@ -482,6 +487,9 @@ class KVPool(Publishing, Demotion, Verification):
         for engine in (self.l1, self.l2, self.l3):
             if engine is not None:
                 engine.release_owner(owner)
+        for alias in self._superseded.pop(owner, ()):  # (no lookup can find one: their keys are private)
+            if self.l1.slot_of(alias) is not None and self.l1.trackers(alias).idle():
+                self.l1.remove([alias])
 
     # ── the rest ──
 
