@@ -19,7 +19,7 @@ input, as conversations that do not line up would. Each conversation has a sessi
 built lazily in each replica process) and is not counted. Medians and 90th percentiles over the
 counted turns; the ratio is TTFA at N conversations over TTFA at 1.
 
-    .venv/bin/python bench/voice_ttfa.py [--levels 1,2,4,8] [--turns 3] [--quick]
+    .venv/bin/python bench/voice_ttfa.py [--levels 1,2,4,8] [--turns 5] [--quick]
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ async def main(levels: list[int], turns: int, stagger: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default="1,2,4,8", help="conversations at once, comma-separated")
-    parser.add_argument("--turns", type=int, default=3, help="turns per conversation at each level")
+    parser.add_argument("--turns", type=int, default=5, help="turns per conversation at each level")
     parser.add_argument("--quick", action="store_true", help="levels 1,2 and one turn each (a smoke run)")
     parser.add_argument(
         "--stagger", action="store_true", help="start the conversations spread over one turn's input, not all at once"

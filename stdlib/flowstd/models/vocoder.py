@@ -13,7 +13,9 @@ block k once frame (k+1)B + C - 1 has arrived (its window is then complete, what
 and the rest at `finish`, so a frame's samples come out at most B + C - 1 frames after it. Both
 paths run the same windows through the same layers, so the concatenation of a stream's pieces is
 bit-identical to `synthesize` (blocks, rather than windows cut where chunks happened to end:
-PyTorch's CPU convolutions round differently for inputs of different lengths).
+PyTorch's CPU convolutions round differently for inputs of different lengths). A stream's
+`windows` and `final_windows` hand out the due blocks' windows without running them, for
+flowstd.models.vocoder_batch to run several streams' together.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +42,18 @@ from flowstd.models.common import (
 )
 
 LEAK = 0.1  # HiFi-GAN's LeakyReLU slope
+
+
+class BlockWindow(NamedTuple):
+    """A block's window of frames (frames, in_channels) and the block's samples in its output."""
+
+    frames: torch.Tensor
+    start: int
+    stop: int
+
+    @property
+    def samples(self) -> int:
+        return self.stop - self.start
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,11 +167,21 @@ class Vocoder(SeededModel):
     def synthesize_block(self, frames: torch.Tensor, first: int, block: int, total: int) -> torch.Tensor:
         """The samples of block `block` of a sequence of `total` frames; `frames` holds frames
         [first, ...) of it, at least the block's window (see the module's docstring)."""
+        return self.synthesize_windows([self.block_window(frames, first, block, total)])
+
+    def block_window(self, frames: torch.Tensor, first: int, block: int, total: int) -> BlockWindow:
+        """Block `block`'s window of frames and which of its samples are the block's."""
         size, context, hop = self.config.block_frames, self.config.context_frames, self.config.hop_length
         begin, end = block * size, min((block + 1) * size, total)
         window_begin, window_end = max(0, begin - context), min(total, end + context)
-        samples = self(frames[window_begin - first : window_end - first][None])[0]
-        return samples[(begin - window_begin) * hop : (end - window_begin) * hop]
+        window = frames[window_begin - first : window_end - first]
+        return BlockWindow(window, (begin - window_begin) * hop, (end - window_begin) * hop)
+
+    @torch.inference_mode()
+    def synthesize_windows(self, windows: list[BlockWindow]) -> torch.Tensor:
+        """The samples of `windows`' blocks, one after another, each window run alone."""
+        pieces = [self(window.frames[None])[0][window.start : window.stop] for window in windows]
+        return torch.cat(pieces) if pieces else torch.zeros(0, device=self.device)
 
     def stream(self) -> VocoderStream:
         """A stream: `push` chunks of frames, then `finish`; the pieces concatenate to `synthesize`."""
@@ -208,26 +232,34 @@ class VocoderStream:
     def push(self, chunk: Any) -> torch.Tensor:
         """The samples now final, (k * block_frames * hop_length,) for some k >= 0: every block
         whose window has arrived."""
+        return self.vocoder.synthesize_windows(self.windows(chunk))
+
+    def finish(self) -> torch.Tensor:
+        """The remaining samples: the sequence ends here."""
+        return self.vocoder.synthesize_windows(self.final_windows())
+
+    def windows(self, chunk: Any) -> list[BlockWindow]:
+        """`push` without the synthesis: the windows of the blocks `chunk` completes, the stream
+        moved past them (run them with `Vocoder.synthesize_windows` or a `VocoderBatcher`)."""
         if self.finished:
             raise ModelInputError("this vocoder stream has finished: start another with Vocoder.stream()")
         self.buffer = torch.cat([self.buffer, self.vocoder.features_to_tensor(chunk, allow_empty=True)])
         ready = 0
         while self.received >= (self.next_block + ready + 1) * self.block_frames + self.context:
             ready += 1
-        return self._emit(self.next_block + ready)
+        return self._take(self.next_block + ready)
 
-    def finish(self) -> torch.Tensor:
-        """The remaining samples: the sequence ends here."""
+    def final_windows(self) -> list[BlockWindow]:
+        """`finish` without the synthesis (as `windows`)."""
         if self.finished:
             raise ModelInputError("this vocoder stream has already finished")
         self.finished = True
-        return self._emit(-(-self.received // self.block_frames))
+        return self._take(-(-self.received // self.block_frames))
 
-    @torch.inference_mode()
-    def _emit(self, stop_block: int) -> torch.Tensor:
-        total = self.received  # the sequence's end if finished; else past every window computed here
-        pieces = [
-            self.vocoder.synthesize_block(self.buffer, self.buffer_start, block, total)
+    def _take(self, stop_block: int) -> list[BlockWindow]:
+        total = self.received  # the sequence's end if finished; else past every window taken here
+        windows = [
+            self.vocoder.block_window(self.buffer, self.buffer_start, block, total)
             for block in range(self.next_block, stop_block)
         ]
         if stop_block > self.next_block:
@@ -235,4 +267,4 @@ class VocoderStream:
             keep_from = max(0, stop_block * self.block_frames - self.context)  # the next window's left context
             self.buffer = self.buffer[keep_from - self.buffer_start :]
             self.buffer_start = keep_from
-        return torch.cat(pieces) if pieces else torch.zeros(0, device=self.buffer.device)
+        return windows

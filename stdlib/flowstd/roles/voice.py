@@ -23,8 +23,9 @@ The talker turns each token into speech as it is sampled: the thinker's embeddin
 held for FRAMES_PER_TOKEN frames (a fixed duration model), into a `VocoderStream` whose blocks
 of VOCODER_BLOCK_FRAMES frames come out once their window has arrived. So speech starts after a
 few tokens, long before the text ends; the chunks concatenate to the vocoder's `synthesize` of
-the whole reply, bit for bit. A stream lives in the talker's replica, keyed by the session and
-call (`lb session` keeps them there, in order); at most MAX_STREAMS are held, the oldest dropped.
+the whole reply (bit for bit alone; to rounding in a shared `VocoderBatcher` forward). A stream
+lives in the talker's replica, keyed by the session and call (`lb session` keeps them there, in
+order); at most MAX_STREAMS are held, the oldest dropped.
 
 Models come from seeds (docs/models.md): every process builds the same ones, lazily, only those
 its role needs (`VoiceRuntime.shared()`). Outputs are untrained: the text is gibberish and the
@@ -45,6 +46,7 @@ from flowrt.compute.engine import ContinuousBatcher, ReferenceConfig, ReferenceE
 from flowrt.compute.engine.planned import PlannedGenerator
 from flowrt.compute.prefix import Media, PrefixMatcher, Text
 from flowrt.errors import BadInput, FlowrtError
+from flowstd.models.vocoder_batch import VocoderBatcher
 from flowstd.roles.delivered import SpokenTurns
 from flowstd.roles.llm import check_kv_fits, engines_for, stream_generation, token_ids
 
@@ -548,13 +550,17 @@ class _Speaking:
 
 class Talker:
     async def setup(self, ctx) -> None:
-        VoiceRuntime.shared().build("vocoder", "embedder", "tokenizer")
+        runtime = VoiceRuntime.shared().build("vocoder", "embedder", "tokenizer")
         self.streams: OrderedDict[tuple, _Speaking] = OrderedDict()
         self.broken: OrderedDict[tuple, None] = OrderedDict()  # replies whose stream was lost here
+        self.blocks = VocoderBatcher(runtime.vocoder)  # the blocks of the replies it speaks at once, together
+
+    def statistics(self) -> dict[str, int]:
+        return {"streams_held": len(self.streams), **{f"vocoder_{k}": v for k, v in self.blocks.statistics().items()}}
 
     async def speak(self, ctx, spoken):
-        """The speech the token completes: the vocoder's blocks whose window has now arrived (none
-        for most tokens), and at the reply's last token the rest."""
+        """The speech the token completes: the blocks whose window has now arrived (none for most
+        tokens; at the last token, the rest), synthesized with other replies' (`VocoderBatcher`)."""
         import torch
 
         runtime = VoiceRuntime.shared()
@@ -568,8 +574,7 @@ class Talker:
             self.broken[key] = None
             while len(self.broken) > MAX_STREAMS:
                 self.broken.popitem(last=False)
-            # not the caller's doing: the replica holding the reply's stream went away, or the
-            # graph does not send one reply's tokens to one talker in order (`lb session`)
+            # not the caller's doing: the stream's replica went away, or tokens came out of order (no `lb session`)
             raise VoiceStateError(
                 f"the talker got token {spoken['index']} of the reply, expecting {state.next_index}: the reply's "
                 "speech stream is not here (its replica restarted mid-reply?); the rest of this reply is not spoken"
@@ -579,16 +584,18 @@ class Talker:
             features = torch.zeros(0, runtime.spec.hidden_size)
         else:
             features = runtime.embedder.embed([token]).to(torch.float32).repeat(FRAMES_PER_TOKEN, 1)
-        samples = state.stream.push(features)
+        windows = state.stream.windows(features)
         if spoken["last"]:
-            samples = torch.cat([samples, state.stream.finish()])
+            windows += state.stream.final_windows()
         else:
             state.next_index += 1
             self.streams[key] = state
             while len(self.streams) > MAX_STREAMS:
                 self.streams.popitem(last=False)
-        if samples.numel():
-            chunk = SpeechChunk(state.chunks, state.offset, to_pcm16(samples))
-            state.chunks += 1
-            state.offset += chunk.samples
-            yield {"speech": chunk}
+        if not windows:
+            return
+        index, offset = state.chunks, state.offset
+        state.chunks += 1
+        state.offset += sum(window.samples for window in windows)
+        samples = await self.blocks.synthesize(windows)
+        yield {"speech": SpeechChunk(index, offset, to_pcm16(samples))}
