@@ -2,7 +2,8 @@
 local`, with 1, 2, 4 and 8 conversations at once, side by side in one run.
 
 Each conversation is a session of `--turns` calls of `graph turn`. A turn streams the example's
-request (0.1 s of silence, a half-second synthetic voice, 0.4 s of silence, in 100 ms chunks) in
+request (0.1 s of silence, a half-second synthetic voice, 0.4 s of silence, in 100 ms chunks), at
+a volume of its own (`voiced`: no two turns of the run send the same clip), in
 real time: a chunk every 100 ms, as a microphone would. The end-of-turn detector decides on the
 chunk that completes 300 ms of silence after the voice; which chunk that is, the bench finds by
 running the same detector (flowstd.roles.duplex.TurnDetector) over the audio first.
@@ -25,6 +26,7 @@ counted turns; the ratio is TTFA at N conversations over TTFA at 1.
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import json
 import os
@@ -56,6 +58,15 @@ def chunks() -> tuple[list[bytes], int, float]:
     detector = TurnDetector()
     deciding = next(i for i, pcm in enumerate(frames) if detector.feed(pcm) is not None)
     return frames, deciding, len(frames[0]) / 2 / SAMPLE_RATE
+
+
+def voiced(frames: list[bytes], conversation: int, turn: int) -> list[bytes]:
+    """The request's audio at a volume of this conversation and turn's own (60-100%): every turn
+    of the run is a different clip, so the encoder's cache answers none of them from another's
+    (with the same clip everywhere, one forward would serve every conversation at once). The
+    detector decides on the same chunk at every volume used."""
+    scale = 0.6 + 0.4 * ((conversation * 37 + turn * 11) % 101) / 100
+    return [array.array("h", (int(v * scale) for v in array.array("h", pcm))).tobytes() for pcm in frames]
 
 
 def speech_seconds(value) -> float:
@@ -92,9 +103,9 @@ async def turn(runtime, session: str, frames: list[bytes], deciding: int, pace: 
     return {"ttfa": speech[0][0] - decided[0], "rtf": span / played if played else 0.0, "status": status}
 
 
-async def conversation(runtime, name: str, turns: int, frames, deciding, pace, delay: float = 0.0) -> list[dict]:
+async def conversation(runtime, name: str, turns: int, frames, deciding, pace, delay: float = 0.0, number: int = 0) -> list[dict]:
     await asyncio.sleep(delay)
-    return [await turn(runtime, name, frames, deciding, pace) for _ in range(turns)]
+    return [await turn(runtime, name, voiced(frames, number, t), deciding, pace) for t in range(turns)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -119,7 +130,14 @@ async def main(levels: list[int], turns: int, stagger: bool) -> None:
                 results = await asyncio.gather(
                     *(
                         conversation(
-                            deployment.runtime, f"c{level}-{n}", turns, frames, deciding, pace, n * period / level * stagger
+                            deployment.runtime,
+                            f"c{level}-{n}",
+                            turns,
+                            frames,
+                            deciding,
+                            pace,
+                            n * period / level * stagger,
+                            number=level * 100 + n,
                         )
                         for n in range(level)
                     )
