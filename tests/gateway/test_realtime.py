@@ -27,6 +27,7 @@ import openai
 import pytest
 
 from flowrt.control import Runtime, bounds
+from flowrt.errors import FlowrtError
 from flowrt.frontdoor import FrontDoor
 from flowrt.gateway.realtime import CONNECTIONS
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
@@ -688,6 +689,49 @@ def test_barge_in_on_an_interruptible_graph_tells_the_next_turn_exactly_what_was
             record = module.SEEN[1]  # turn 2's reply saw what the user received of turn 1
             assert record is not None and record.graph == "talk"
             assert dict(record.frames) == delivered, (dict(record.frames), delivered)
+
+    run(main())
+
+
+def test_a_barge_in_whose_call_cannot_start_still_stops_the_running_reply(tmp_path):
+    # the interrupting call is the one that would cancel the running call; when the runtime
+    # refuses it as it starts (a deployment that cannot take it now: the refusal is injected
+    # here, wrapping `start`), the endpoint stops the running reply itself, says why the new
+    # turn failed, and the connection goes on
+    bundle = bundle_with_roles(INTERRUPTIBLE_FLOW, INTERRUPTIBLE_ROLES, tmp_path, module="rti_roles")
+
+    async def main():
+        sys.modules.pop("rti_roles", None)
+        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
+            module = sys.modules["rti_roles"]
+            module.GATE[0] = asyncio.Semaphore(0)  # turn 1 makes no chunk: it runs until stopped
+            start = runtime.start
+
+            def refusing(graph, inputs, session=None, interrupt=False, **options):
+                if interrupt:
+                    raise FlowrtError("the deployment cannot take this call now")
+                return start(graph, inputs, session=session, **options)
+
+            runtime.start = refusing
+            async with client_of(base).realtime.connect(model="talk") as connection:
+                await until(connection, "session.created")
+                await connection.input_audio_buffer.append(audio=b64([module.GATED, 1]))
+                await connection.response.create()
+                first = await until(connection, "response.created", [])
+                await connection.input_audio_buffer.append(audio=b64(CHUNKS_2[0]))
+                await connection.response.create()  # the barge-in
+                seen: list = []
+                stopped = await until(connection, "response.done", seen)
+                assert (stopped.response.id, stopped.response.status) == (first.response.id, "cancelled")
+                _, _, refused = await response_of(connection, seen)
+                assert refused.response.status == "failed"
+                assert "cannot take this call now" in refused.response.status_details.error.message
+                await connection.input_audio_buffer.append(audio=b64(CHUNKS_2[1]))
+                await connection.response.create()
+                _, _, done = await response_of(connection, seen)
+                assert done.response.status == "completed"
+            await drained(Served(app, base, client), runtime)
+            assert runtime.programs["talk"].calls_ended == {"cancelled": 1, "ok": 1}
 
     run(main())
 

@@ -438,6 +438,8 @@ class Connection:
         finally:
             if turn.handle is not None:
                 await turn.handle.aclose()  # (cancels it unless it has ended; it is retired)
+            if turn.interrupt and not turn.admitted:  # a barge-in whose call never started: stop the one it would have cut
+                await self.stop(turn.ahead, "interrupted")
             turn.retired.set()
             if not turn.committed and not turn.dropped:  # its call ended while the client still appended
                 turn.dropped = True
