@@ -534,6 +534,41 @@ def test_api_keys_are_those_of_the_other_v1_endpoints(bundle):
     run(main())
 
 
+def test_a_browser_sends_its_key_as_a_subprotocol_to_both_websocket_endpoints(bundle):
+    # a browser's WebSocket cannot set headers: it offers `realtime`, `openai-insecure-api-key.KEY`
+    # and, for the beta events, `openai-beta.realtime-v1` (OpenAI's convention); the server
+    # chooses `realtime` (a browser drops a connection whose offered protocols were all ignored)
+    async def main():
+        front = FrontDoor(api_keys=("k1",))
+        async with opened(bundle) as runtime, served(runtime, front) as (app, base, client):
+            url = f"{base}/v1/realtime?model=talk"
+            offered = ("realtime", "openai-insecure-api-key.k1", "openai-beta.realtime-v1")
+            async with client.ws_connect(url, protocols=offered) as ws:
+                assert ws.protocol == "realtime"
+                created = await asyncio.wait_for(ws.receive_json(), 10)
+                assert created["type"] == "session.created" and "modalities" in created["session"]  # (the beta shape)
+            async with client.ws_connect(url, protocols=("realtime", "openai-insecure-api-key.k1")) as ws:
+                created = await asyncio.wait_for(ws.receive_json(), 10)
+                assert "output_modalities" in created["session"]  # (GA)
+            for wrong in (("realtime", "openai-insecure-api-key.k2"), ("realtime",)):
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    async with client.ws_connect(url, protocols=wrong):
+                        pass
+                assert refused.value.status == 401
+            graph = f"{base}/graphs/chat/ws"
+            async with client.ws_connect(graph, protocols=("flowrt.ws.v1", "openai-insecure-api-key.k1")) as ws:
+                assert ws.protocol == "flowrt.ws.v1" and (await ws.receive_json())["type"] == "hello"
+            async with client.ws_connect(graph, protocols=("openai-insecure-api-key.k1",)) as ws:  # (no protocol chosen)
+                assert (await ws.receive_json())["type"] == "hello"
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:  # a key in a subprotocol of a plain GET: none
+                async with client.get(graph, headers={"Sec-WebSocket-Protocol": "openai-insecure-api-key.k1"}) as answer:
+                    raise aiohttp.WSServerHandshakeError(answer.request_info, (), status=answer.status)
+            assert refused.value.status == 401
+            await drained(Served(app, base, client), runtime, {"Authorization": "Bearer k1"})
+
+    run(main())
+
+
 def test_a_client_that_never_reads_holds_a_bounded_amount_and_others_are_served(bundle):
     async def main():
         sys.modules.pop("rt_roles", None)

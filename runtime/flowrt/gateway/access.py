@@ -9,6 +9,12 @@ With keys (flowrt.frontdoor), `/graphs`, `/v1` and `/stats` answer only a reques
 configured key in constant time (`hmac.compare_digest` over SHA-256 digests, all of them every
 time), and is never logged: a caller is known by its key's `principal`, a short digest.
 
+A browser cannot set headers on a WebSocket, so a WebSocket upgrade (`/v1/realtime`,
+`/graphs/GRAPH/ws`) may carry its key as a subprotocol instead, as OpenAI's browser clients do:
+`Sec-WebSocket-Protocol: openai-insecure-api-key.KEY` among the protocols it offers (used only
+without an `Authorization` header; the endpoints never choose it as the connection's protocol).
+Only over TLS, or on loopback, is that as safe as the header: the name says why.
+
 A session belongs to the key whose call named it first (`SessionOwners`): another key's call
 of it is refused 403 while the runtime holds the session (a call of it running or queued, or
 its state kept while idle); once the runtime has let it go, it is anyone's again, as new.
@@ -36,6 +42,24 @@ PRINCIPAL = "flowrt.principal"  # request[PRINCIPAL]: the caller's key's digest 
 ADMIN = "flowrt.admin"  # request[ADMIN]: whether it may read /stats in full
 OPEN_PATHS = ("/ready",)  # answered to anyone, whatever the options
 PROBE_PATHS = ("/health", "/metrics")  # open unless --protect-metrics
+KEY_PROTOCOL = "openai-insecure-api-key."  # a browser's WebSocket key, as a subprotocol (OpenAI's convention)
+
+
+def offered_protocols(request: web.Request) -> list[str]:
+    """The WebSocket subprotocols a request offers, the key one (`KEY_PROTOCOL`) left out."""
+    offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+    return [p for p in offered if p and not p.startswith(KEY_PROTOCOL)]
+
+
+def presented_key(request: web.Request) -> str | None:
+    """The `Authorization` header, or for a WebSocket upgrade without one, the key its offered
+    subprotocols carry, as a Bearer credential."""
+    authorization = request.headers.get("Authorization")
+    if authorization or request.headers.get("Upgrade", "").lower() != "websocket":
+        return authorization
+    offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+    key = next((p[len(KEY_PROTOCOL) :] for p in offered if p.startswith(KEY_PROTOCOL)), None)
+    return None if key is None else f"Bearer {key}"
 
 
 def _digest(key: str) -> bytes:
@@ -90,10 +114,11 @@ class Access:
         if not door.keyed or path in OPEN_PATHS or (path in PROBE_PATHS and not door.protect_metrics):
             request[PRINCIPAL], request[ADMIN] = "", False
             return await handler(request)
-        found = self.keys.principal(request.headers.get("Authorization"))
+        presented = presented_key(request)
+        found = self.keys.principal(presented)
         if found is None:
             self.unauthorized += 1
-            told = "no API key was sent" if not request.headers.get("Authorization") else "the API key is not valid"
+            told = "no API key was sent" if not presented else "the API key is not valid"
             return unauthorized(request, f"{told}: {path} needs `Authorization: Bearer KEY`")
         request[PRINCIPAL], request[ADMIN] = found
         if door.prefix_scope != "key":

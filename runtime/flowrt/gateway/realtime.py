@@ -44,7 +44,7 @@ from flowrt.control import Runtime
 from flowrt.control.sessions import reserved
 from flowrt.errors import FlowrtError, InputClosed
 from flowrt.gateway import realtime_events as wire
-from flowrt.gateway.access import PRINCIPAL, SessionOwners, refused_session
+from flowrt.gateway.access import PRINCIPAL, SessionOwners, offered_protocols, refused_session
 from flowrt.gateway.admission import Admission, Refused
 from flowrt.gateway.exposure import client_events, hide_paths
 from flowrt.gateway.openai import call_error
@@ -58,6 +58,7 @@ MAX_TURNS = 4  # turns open at once on a connection (calls running, or waiting f
 SHUTDOWN_WAIT = 5.0  # seconds the server's shutdown waits for the cancelled responses' response.done
 CONNECTIONS: web.AppKey[dict] = web.AppKey("realtime_connections", dict)  # ws -> Connection
 BETA = "realtime=v1"  # the `OpenAI-Beta` header of a client that speaks the beta events
+BETA_PROTOCOL = "openai-beta.realtime-v1"  # ... or, from a browser, a subprotocol it offers
 log = logging.getLogger("flowrt.gateway")
 
 
@@ -111,7 +112,8 @@ class RealtimeEndpoint:
             refused = Refused(503, "the server is stopping and takes no new connections", "shutdown")
             body = ChatError(503, refused.message, None, refused.code).body()
             return web.json_response(body, status=503, headers=refused.headers())
-        ws = web.WebSocketResponse(max_msg_size=request.client_max_size, compress=False)  # (--max-body-mb)
+        # (a browser offers `realtime`, its key and `openai-beta.realtime-v1` as subprotocols: one must be chosen)
+        ws = web.WebSocketResponse(protocols=("realtime",), max_msg_size=request.client_max_size, compress=False)
         if not ws.can_prepare(request).ok:
             return ChatError(
                 400,
@@ -126,7 +128,7 @@ class RealtimeEndpoint:
             return ChatError(403, refused_session(session), "session", "session_not_yours", "permission_error").response()
         try:
             await ws.prepare(request)
-            beta = request.headers.get("OpenAI-Beta", "").replace(" ", "") == BETA
+            beta = request.headers.get("OpenAI-Beta", "").replace(" ", "") == BETA or BETA_PROTOCOL in offered_protocols(request)
             connection = self.connections[ws] = Connection(self, ws, model, fields, session, named is None, beta)
             try:
                 await connection.serve()

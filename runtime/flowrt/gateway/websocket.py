@@ -37,7 +37,7 @@ from flowrt.control.program import GraphProgram
 from flowrt.control.sessions import reserved
 from flowrt.errors import FlowrtError
 from flowrt.gateway import ws_wire as wire
-from flowrt.gateway.access import PRINCIPAL, SessionOwners, refused_session
+from flowrt.gateway.access import PRINCIPAL, SessionOwners, offered_protocols, refused_session
 from flowrt.gateway.admission import Admission, Refused
 from flowrt.gateway.exposure import client_events, hide_paths
 from flowrt.observe.audio import AudioClock, AudioFigures
@@ -92,7 +92,7 @@ class WebSocketEndpoint:
         session = request.headers.get("X-Flow-Session") or request.query.get("session")
         if session is not None and reserved(session):
             return _error(400, f"`X-Flow-Session`: {reserved(session)}", "leave the session out for calls of their own")
-        offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+        offered = offered_protocols(request)
         if offered and wire.PROTOCOL not in offered:
             return _error(
                 400,
