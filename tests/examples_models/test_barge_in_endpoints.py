@@ -7,8 +7,8 @@ then reuses the KV pages of exactly what was delivered: the engine's counters (t
 history, turn 2's question, the ids of turn 2's reply the client heard (two a speech chunk) and
 its own question, and that the full pages of all but its own question were reused.
 
-The detector here asks for long replies (LongTurns), so that turn 2 is still speaking when the
-client talks over it; everything else is flowstd's."""
+The detector here asks for a long reply in turn 2 (LongTurns), so that it is still speaking when
+the client talks over it; everything else is flowstd's."""
 
 from __future__ import annotations
 
@@ -51,7 +51,14 @@ from flowstd.roles.duplex import EndOfTurn
 
 
 class LongTurns(EndOfTurn):
-    max_tokens = 400  # a reply long enough to be talked over
+    turns = {}  # session -> turns heard
+
+    async def listen(self, ctx, audio_in):
+        async for frame in super().listen(ctx, audio_in):
+            if self.prompt_field in frame:  # turn 2's reply long enough to be talked over; the others short
+                turn = self.turns[ctx.session] = self.turns.get(ctx.session, 0) + 1
+                frame[self.prompt_field]["max_tokens"] = 400 if turn == 2 else 24
+            yield frame
 """
 
 
