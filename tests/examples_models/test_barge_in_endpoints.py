@@ -23,6 +23,7 @@ from flowrt.deploy import open_deployment  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.deploy.helpers import bundle_with_roles  # noqa: E402
 from tests.examples_models.test_duplex import SILENCE, silence, tone  # noqa: E402
+from tests.examples_models.test_realtime_duplex import TALK  # noqa: E402
 from tests.gateway.live import Served, drained, run, served  # noqa: E402
 from tests.gateway.test_realtime import client_of, until  # noqa: E402
 
@@ -33,18 +34,7 @@ UTTERANCE = (silence(5), tone(25), silence(SILENCE + 1))
 
 FLOW = (REPO / "stdlib" / "flowstd" / "lib" / "duplex.flow").read_text(encoding="utf-8").replace(
     "flow duplex", "flow bargein"
-).replace('"flowstd.roles.duplex:EndOfTurn"', '"bargein_roles:LongTurns"') + (
-    """
-graph talk {
-    entry  audio_in
-    stream reply ordered
-    stream speech ordered
-    return turn
-    interruptible
-    serves realtime
-}
-"""
-)
+).replace('"flowstd.roles.duplex:EndOfTurn"', '"bargein_roles:LongTurns"') + TALK
 
 ROLES = """
 from flowstd.roles.duplex import EndOfTurn

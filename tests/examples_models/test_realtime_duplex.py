@@ -19,10 +19,7 @@ from tests.gateway.live import Served, drained, run, served  # noqa: E402
 from tests.gateway.test_realtime import client_of, deltas, response_of, until  # noqa: E402
 from tests.runtime.harness import bundle_of  # noqa: E402
 
-FLOW = """flow rtduplex
-
-import duplex
-
+TALK = """
 graph talk {
     entry  audio_in
     stream reply ordered
@@ -31,7 +28,8 @@ graph talk {
     interruptible
     serves realtime
 }
-"""
+"""  # a duplex turn served as a Realtime model
+FLOW = "flow rtduplex\n\nimport duplex\n" + TALK
 
 
 def test_two_spoken_turns_through_the_realtime_endpoint_on_tiny_models(tmp_path):

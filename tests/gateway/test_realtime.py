@@ -16,7 +16,7 @@ from __future__ import annotations
 import array
 import asyncio
 import base64
-import inspect
+import contextlib
 import json
 import socket
 import sys
@@ -26,7 +26,7 @@ import aiohttp
 import openai
 import pytest
 
-from flowrt.control import Runtime, bounds
+from flowrt.control import bounds
 from flowrt.errors import FlowrtError
 from flowrt.frontdoor import FrontDoor
 from flowrt.gateway.realtime import CONNECTIONS
@@ -679,17 +679,20 @@ INTERRUPTIBLE_ROLES = ROLES.replace(
 ).replace("HEARD = []", "HEARD = []\nSEEN = []  # ctx.interrupted of each reply")
 
 
-@pytest.mark.skipif(
-    "interrupt" not in inspect.signature(Runtime.start).parameters, reason="the runtime cannot interrupt a call yet"
-)
-def test_barge_in_on_an_interruptible_graph_tells_the_next_turn_exactly_what_was_delivered(tmp_path):
+@contextlib.asynccontextmanager
+async def interruptible(tmp_path):
+    """INTERRUPTIBLE_FLOW served: (its runtime, the server, its roles' module, the reply's gate)."""
     bundle = bundle_with_roles(INTERRUPTIBLE_FLOW, INTERRUPTIBLE_ROLES, tmp_path, module="rti_roles")
+    sys.modules.pop("rti_roles", None)
+    async with opened(bundle) as runtime, served(runtime) as server:
+        module = sys.modules["rti_roles"]
+        gate = module.GATE[0] = asyncio.Semaphore(0)
+        yield runtime, server, module, gate
 
+
+def test_barge_in_on_an_interruptible_graph_tells_the_next_turn_exactly_what_was_delivered(tmp_path):
     async def main():
-        sys.modules.pop("rti_roles", None)
-        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
-            module = sys.modules["rti_roles"]
-            gate = module.GATE[0] = asyncio.Semaphore(0)
+        async with interruptible(tmp_path) as (runtime, (app, base, client), module, gate):
             async with client_of(base).realtime.connect(model="talk") as connection:
                 await until(connection, "session.created")
                 await connection.input_audio_buffer.append(audio=b64([module.GATED, 1]))
@@ -733,13 +736,8 @@ def test_a_barge_in_whose_call_cannot_start_still_stops_the_running_reply(tmp_pa
     # refuses it as it starts (a deployment that cannot take it now: the refusal is injected
     # here, wrapping `start`), the endpoint stops the running reply itself, says why the new
     # turn failed, and the connection goes on
-    bundle = bundle_with_roles(INTERRUPTIBLE_FLOW, INTERRUPTIBLE_ROLES, tmp_path, module="rti_roles")
-
     async def main():
-        sys.modules.pop("rti_roles", None)
-        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
-            module = sys.modules["rti_roles"]
-            module.GATE[0] = asyncio.Semaphore(0)  # turn 1 makes no chunk: it runs until stopped
+        async with interruptible(tmp_path) as (runtime, (app, base, client), module, _):  # (turn 1 runs until stopped)
             start = runtime.start
 
             def refusing(graph, inputs, session=None, interrupt=False, **options):
