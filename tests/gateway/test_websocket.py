@@ -555,7 +555,6 @@ def test_too_deep_json_a_start_refused_as_read_and_pcm16_frames_a_role_cannot_re
     run(main())
 
 
-@pytest.mark.skipif("interrupt" not in inspect.signature(Runtime.start).parameters, reason="no barge-in in this runtime")
 def test_a_start_with_interrupt_cuts_the_sessions_running_call_short(bundle):
     async def main():
         async with opened(bundle) as runtime, served(runtime) as (app, base, client):
