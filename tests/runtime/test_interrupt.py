@@ -151,6 +151,34 @@ def test_an_interrupting_call_cancels_the_running_one_within_a_frame(tmp_path):
     run(main())
 
 
+def test_a_reader_stopped_from_taking_while_it_waits_counts_nothing_more_as_delivered(tmp_path):
+    # a front door that decides on a barge-in while its reader is already waiting for the next
+    # event (the Realtime endpoint) calls `stop_taking`: the frame made after that is dropped,
+    # not counted, so the interrupting call learns only of what was delivered
+    async def main():
+        speaker = Speaker()
+        runtime = await open_runtime(FLOW, tmp_path, {"speaker": speaker})
+        handle = runtime.start("chat", {"prompt": "one two three four"}, session="s")
+        reader = Reader(handle)
+        speaker.allow(2)
+        await reader.has(2)
+        await waiting_for_permit(speaker)  # the reader waits for frame 3, which is not made yet
+        handle.stop_taking()
+        speaker.allow(1)  # frame 3 is made now, while the reader waits
+        await waiting_for_permit(speaker)
+        assert speaker.said == 3
+        second = Reader(runtime.call("chat", {"prompt": "yes"}, session="s", interrupt=True))
+        speaker.allow(1)
+        await second.finished()
+        interrupted = await reader.finished()
+        assert streamed(interrupted, "reply") == ["one", "two"] and done(interrupted)["reason"] == "interrupted"
+        assert speaker.seen[1][2] == Interrupted(speaker.seen[0][0], "chat", {"reply": 2})  # not 3
+        await runtime.close()
+        assert_clean(runtime)
+
+    run(main())
+
+
 def test_the_interrupted_call_leaves_its_session_though_its_caller_never_reads_again(tmp_path):
     async def main():
         speaker = Speaker()

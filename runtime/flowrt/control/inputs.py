@@ -198,6 +198,15 @@ class CallHandle:
         assert self.call is not None
         return self.call
 
+    def stop_taking(self) -> None:
+        """The caller delivers nothing more of this call (a barge-in is on its way): of a call of
+        an interruptible graph, every event from now on but `done` is dropped, not counted as
+        taken, so an interrupting call's roles learn exactly what was delivered, even of an event
+        this handle's reader was already waiting for. Other calls are not counted: no-op."""
+        taken = self.runtime.interrupts.taken.get(self.call) if self.call is not None else None
+        if taken is not None:
+            taken.stopped = True
+
     # ── closing ──
 
     async def cancel(self, reason: str = "client gone") -> None:

@@ -335,6 +335,7 @@ class Connection:
             # ... nor is taken from its call (what its roles learn was taken was delivered), once it has started
             if self.interruptible and running.admitted:
                 running.taking.clear()
+                running.handle.stop_taking()  # (an event its reader waits for now is not counted as delivered)
         if self.input is not None:
             await self.commit(event.event_id)
         target = next((t for t in self.turns if t.committed and not t.dropped and t.response is None), None)
