@@ -182,7 +182,7 @@ def test_a_graph_reports_its_own_finish_reason_and_token_counts(client: openai.O
     plain = client.chat.completions.create(model="counted", messages=user("a b c"))
     assert plain.choices[0].finish_reason == "stop" and plain.usage.completion_tokens == 3  # no counts: its chunks
     # reused tokens are OpenAI's cached tokens, where they can be (never more than the prompt)
-    for reused, cached in ((3, 3), (0, 0), (9, None), (-1, None), (True, None)):
+    for reused, cached in ((3, 3), (0, 0), (9, None), (-1, None), (True, None), (2**53, None)):
         answer = client.chat.completions.create(
             model="counted", messages=user("a b c d"), extra_body={"budget": 2, "reused": reused}
         )
@@ -425,3 +425,11 @@ def test_sampling_parameters_of_the_right_type_are_accepted(client: openai.OpenA
         response_format={"type": "text"},
     )
     assert answer.choices[0].finish_reason == "stop" and answer.choices[0].message.content
+
+
+def test_counts_a_json_reader_cannot_hold_exactly_are_not_read():
+    from flowrt.gateway.openai_request import MAX_COUNT, TokenCounts
+
+    assert TokenCounts.reported({"prompt_tokens": MAX_COUNT, "completion_tokens": 1}) == TokenCounts(MAX_COUNT, 1)
+    for prompt in (MAX_COUNT + 1, 10**5000):  # (the second is past what json.dumps writes at all)
+        assert TokenCounts.reported({"prompt_tokens": prompt, "completion_tokens": 1}) is None

@@ -769,6 +769,26 @@ def test_a_barge_in_whose_call_cannot_start_still_stops_the_running_reply(tmp_pa
     run(main())
 
 
+def test_a_client_that_closes_mid_reply_takes_its_session_with_it(tmp_path):
+    # the server cancels the handler when the client closes (handler_cancellation, as flowc run
+    # serves): the connection's own session, whose state (the `chat` history) the runtime would
+    # keep while idle, still goes with it, each time, not a session TTL later
+    async def main():
+        async with interruptible(tmp_path) as (runtime, (app, base, client), module, _):
+            for _ in range(3):
+                async with client.ws_connect(f"{base}/v1/realtime?model=talk") as ws:
+                    assert (await ws.receive_json())["type"] == "session.created"
+                    await ws.send_json({"type": "input_audio_buffer.append", "audio": b64([module.LONG, 1])})
+                    await ws.send_json({"type": "response.create"})
+                    while (await asyncio.wait_for(ws.receive_json(), 10))["type"] != "response.output_audio.delta":
+                        pass
+                # (closed mid-reply)
+            await wait_for(lambda: runtime.statistics()["sessions"] == 0, 10, "the closed connections' sessions dropped")
+            await drained(Served(app, base, client), runtime)
+
+    run(main())
+
+
 def test_a_conversation_with_a_barge_in_under_deploy_local(bundle):
     speech = ("response.output_audio.delta", "response.output_audio_transcript.delta")
 

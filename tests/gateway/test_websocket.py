@@ -28,6 +28,7 @@ from flowrt.control import Runtime, bounds
 from flowrt.frontdoor import FrontDoor
 from flowrt.gateway import application
 from flowrt.gateway.http import ADMISSION
+from flowrt.gateway.websocket import MAX_CALLS
 from flowrt.gateway.ws_wire import PROTOCOL
 from flowrt.values import event_json
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
@@ -626,6 +627,28 @@ def test_a_client_that_disconnects_cancels_its_calls_and_cancel_ends_one(bundle)
             await ws.close()  # q is left running: the server cancels it
             await drained(Served(app, base, client), runtime)
             assert runtime.programs["chat"].calls_ended == {"cancelled": 2}
+
+    run(main())
+
+
+def test_a_cancel_right_after_its_start_ends_the_call_with_over_and_frees_its_id(bundle):
+    # the cancel is read before the call's task has taken a step: still one error with `over`
+    # (code `cancelled`) per call, and the id is free again; more than MAX_CALLS such calls in a row
+    # leave the connection taking calls
+    async def main():
+        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
+            ws = await client.ws_connect(f"{base}/graphs/chat/ws")
+            await receive(ws)
+            for _ in range(MAX_CALLS + 2):
+                await ws.send_json({"type": "start", "call": "p", "inputs": {}})
+                await ws.send_json({"type": "cancel", "call": "p"})
+                await expect_error(ws, call="p", about="start", code="cancelled", over=True)
+            await ws.send_json({"type": "start", "call": "p", "inputs": {}})
+            await ws.send_json({"type": "frame", "call": "p", "field": "words", "value": "hi there"})
+            await ws.send_json({"type": "end", "call": "p", "field": "words"})
+            assert (await until_done(ws, "p"))[-1]["status"] == "ok"
+            await ws.close()
+            await drained(Served(app, base, client), runtime)
 
     run(main())
 

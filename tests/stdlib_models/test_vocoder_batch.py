@@ -96,3 +96,23 @@ def test_no_windows_is_no_samples_and_no_round():
 
     samples, stats = asyncio.run(main())
     assert samples.numel() == 0 and stats["rounds"] == 0
+
+
+def test_a_round_that_fails_past_its_forwards_fails_its_callers_and_the_next_round_runs():
+    class Odd(torch.nn.Module):  # a batched output of another shape: the pieces cannot be joined
+        device = VOCODER.device
+
+        def forward(self, frames):
+            return VOCODER(frames)[:, None, :] if frames.shape[0] > 1 else VOCODER(frames)
+
+    async def main():
+        batcher = VocoderBatcher(Odd())
+        streams = [VOCODER.stream() for _ in range(2)]
+        windows = [s.windows(features(i, 40)) + s.final_windows() for i, s in enumerate(streams)]
+        failed = await asyncio.wait_for(asyncio.gather(*(batcher.synthesize(w) for w in windows), return_exceptions=True), 5)
+        alone = await asyncio.wait_for(batcher.synthesize(VOCODER.stream().windows(features(0, 15))), 5)
+        return failed, alone, batcher.statistics()
+
+    failed, alone, stats = asyncio.run(main())
+    assert all(isinstance(error, RuntimeError) and "could not synthesize" in str(error) for error in failed)
+    assert alone.numel() == VOCODER.samples_for(8) and stats["waiting"] == 0

@@ -283,6 +283,14 @@ class Reply:
                     await response.write(data)
                 if answer.over:
                     break
+            finish, error = answer.ending()
+            if response is None:
+                if error is not None:
+                    return error.response()
+                body = self._chunk({"role": "assistant", "content": ""}) + self._ending()
+                return web.Response(body=body, headers=STREAM_HEADERS)
+            await response.write_eof(self._ending())
+            return response
         except ConnectionError:  # the client went away: the caller closes the events, which cancels the call
             return response if response is not None else web.Response(status=499)  # (nobody reads it)
         except Exception as error:
@@ -293,13 +301,6 @@ class Reply:
             bug = ChatError(500, told, None, "internal_error")
             await response.write_eof(_sse(bug.body()) + DONE)
             return response
-        finish, error = answer.ending()
-        if response is None:
-            if error is not None:
-                return error.response()
-            return web.Response(body=self._chunk({"role": "assistant", "content": ""}) + self._ending(), headers=STREAM_HEADERS)
-        await response.write_eof(self._ending())
-        return response
 
     def _delta(self, piece: str | bytes) -> dict[str, Any]:
         """One piece as a chunk's `delta`: text as `content` (or, answering with audio, as the

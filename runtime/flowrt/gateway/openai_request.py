@@ -35,8 +35,9 @@ AUDIO_FORMATS = ("wav", "pcm16")  # what `audio.format` may ask for: a streamed 
 class TokenCounts:
     """What a graph reported of its own generation in a Json output (flowstd's `llm` and voice
     thinkers send one): `prompt_tokens` and `completion_tokens`, and `reused_tokens`, the prompt's
-    tokens whose KV came from the cache (OpenAI's `cached_tokens`), where it says. The chat
-    endpoint's `usage` and the Realtime endpoint's `response.done` usage are built from it."""
+    tokens whose KV came from the cache (OpenAI's `cached_tokens`), where it says; whole numbers
+    from 0 to MAX_COUNT, else not read. The chat endpoint's `usage` and the Realtime endpoint's
+    `response.done` usage are built from it."""
 
     prompt: int
     completion: int
@@ -53,8 +54,11 @@ class TokenCounts:
         return cls(counts[0], counts[1], counts[2] if _count(counts[2]) and counts[2] <= counts[0] else None)
 
 
+MAX_COUNT = 2**53 - 1  # a count every JSON reader holds exactly (JavaScript's largest safe integer)
+
+
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 class ChatError(Exception):

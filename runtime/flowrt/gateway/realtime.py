@@ -228,12 +228,15 @@ class Connection:
             async for message in self.ws:  # (ends at the client's close, or a message over the limit)
                 if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     await self.take(message.data)
-        finally:
-            tasks = await self.stop_all("client gone")
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
-            if self.owned and self.session not in self.runtime.scheduler.queues:
-                self.runtime.sessions.drop(self.session)  # (the conversation ends with the connection)
+        finally:  # (in a task of its own: the server cancels this handler when the client closes mid-reply)
+            await asyncio.shield(asyncio.ensure_future(self.closed()))
+
+    async def closed(self) -> None:
+        tasks = await self.stop_all("client gone")
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self.owned and self.session not in self.runtime.scheduler.queues:
+            self.runtime.sessions.drop(self.session)  # (the conversation ends with the connection)
 
     async def stop_all(self, reason: str) -> list[asyncio.Task]:
         """Stop every turn (its call cancelled with `reason`); the tasks that end once each is retired."""

@@ -146,6 +146,7 @@ class Turn:
         self.now = loop.time
         self.clock = AudioClock(handle.graph, loop.time(), streaming=bool(handle.program.entry_stream))
         self.task: asyncio.Task | None = None
+        self.running = False  # its task has taken its first step (a task cancelled before that runs no `finally`)
         self.cancelled = False  # by the client's `cancel`
         self.closed_told = False  # an InputClosed was reported (once per call)
 
@@ -315,8 +316,9 @@ class Connection:
     async def cancel(self, turn: Turn, reason: str = "cancelled by the client") -> None:
         turn.cancelled = True
         if turn.task is not None:
-            if turn.handle.call is None:  # not started: it never will
-                turn.task.cancel()
+            if turn.handle.call is None:  # not started: it never will (a task yet to run sees `cancelled` first)
+                if turn.running:
+                    turn.task.cancel()
             else:
                 await turn.handle.cancel(reason)
 
@@ -408,7 +410,10 @@ class Connection:
         client how it ended if no `done` did."""
         owners, principal = self.endpoint.owners, self.request[PRINCIPAL]
         over: tuple[str, str, str | None] | None = None
+        turn.running = True
         try:
+            if turn.cancelled:  # (cancelled before this task's first step)
+                raise asyncio.CancelledError
             async with self.endpoint.admission.place(turn.session):
                 if turn.session is not None and not owners.claim(turn.session, principal):
                     over = (refused_session(turn.session), "each API key has sessions of its own", "session_not_yours")

@@ -73,16 +73,18 @@ class VocoderBatcher:
                 batch, self._asked = self._asked, []
                 live = [asked for asked in batch if not asked.future.done()]
                 self.stats.dropped += len(batch) - len(live)
-                if live:
+                try:
                     self._round(live)
+                except Exception as error:  # (a model whose output is not (batch, samples)): this round's callers fail
+                    _fail(live, RuntimeError(f"the vocoder batcher could not synthesize these blocks ({error!r})"))
         except BaseException as error:  # the loop is closing (or a bug): no caller is left waiting
-            for asked in self._asked:
-                if not asked.future.done():
-                    asked.future.set_exception(RuntimeError(f"the vocoder batcher stopped before these blocks ran ({error!r})"))
+            _fail(self._asked, RuntimeError(f"the vocoder batcher stopped before these blocks ran ({error!r})"))
             self._asked.clear()
             raise
 
     def _round(self, batch: list[_Asked]) -> None:
+        if not batch:
+            return
         self.stats.rounds += 1
         by_length: dict[int, list[tuple[_Asked, int]]] = {}
         for asked in batch:
@@ -120,3 +122,9 @@ class VocoderBatcher:
 
     def statistics(self) -> dict[str, int]:
         return {**vars(self.stats), "waiting": len(self._asked)}
+
+
+def _fail(asked: list[_Asked], error: BaseException) -> None:
+    for each in asked:
+        if not each.future.done():
+            each.future.set_exception(error)
