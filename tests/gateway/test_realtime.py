@@ -29,7 +29,7 @@ import pytest
 from flowrt.control import bounds
 from flowrt.errors import FlowrtError
 from flowrt.frontdoor import FrontDoor
-from flowrt.gateway.realtime import CONNECTIONS
+from flowrt.gateway.realtime_endpoint import CONNECTIONS
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
 from tests.gateway.live import Served, drained, masked_text, opened, run, served
 
@@ -463,8 +463,14 @@ def test_bad_events_are_openai_error_events_and_the_connection_goes_on(bundle):
                 error = await error_for({"type": "input_audio_buffer.commit", "event_id": "e3"})
                 assert (error.code, error.event_id) == ("input_audio_buffer_commit_empty", "e3")
                 for session, param in (
-                    ({"turn_detection": {"type": "server_vad"}}, "session.turn_detection"),
-                    ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "session.audio.input.turn_detection"),
+                    ({"turn_detection": {"type": "server_vad", "threshold": 2}}, "session.turn_detection.threshold"),
+                    ({"turn_detection": {"silence_duration_ms": 5.5}}, "session.turn_detection.silence_duration_ms"),
+                    ({"turn_detection": {"type": "server_vad", "eagerness": "low"}}, "session.turn_detection.eagerness"),
+                    (
+                        {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+                        "session.audio.input.turn_detection.type",
+                    ),
+                    ({"audio": {"input": {"turn_detection": "on"}}}, "session.audio.input.turn_detection"),
                     ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
                     ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "session.audio.input.format"),
                     ({"output_modalities": ["text", "audio"]}, "session.output_modalities"),

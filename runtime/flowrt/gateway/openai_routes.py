@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from flowrt.control import Runtime
-from flowrt.gateway import realtime
+from flowrt.gateway import realtime_endpoint
 from flowrt.gateway.access import SessionOwners
 from flowrt.gateway.admission import Admission
 from flowrt.gateway.exposure import hide_paths
@@ -61,6 +61,6 @@ def add_routes(app: web.Application, runtime: Runtime, admission: Admission, own
     app.router.add_post("/v1/embeddings", openai_errors(media_endpoints.embeddings))
     app.router.add_get("/v1/models", openai_errors(endpoint.models))
     app.router.add_get("/v1/models/{model}", openai_errors(endpoint.model))
-    realtime.add_routes(app, runtime, admission, owners)  # GET /v1/realtime: a WebSocket (before the catch-all)
+    realtime_endpoint.add_routes(app, runtime, admission, owners)  # GET /v1/realtime: a WebSocket (before the catch-all)
     app.router.add_route("*", "/v1", openai_errors(endpoint.elsewhere))
     app.router.add_route("*", "/v1/{tail:.*}", openai_errors(endpoint.elsewhere))

@@ -14,7 +14,11 @@ input is empty) and sends the events the call has made so far and makes from the
 `response.create` while a response runs (barge-in), stop the running response at once (no
 delta of it is sent after the event is read) and cancel its call (`interrupt=True` where the
 runtime and the graph allow it, so its roles learn what was delivered), and its `response.done`
-says `cancelled`.
+says `cancelled`. With server VAD (`turn_detection: {"type": "server_vad"}`,
+flowrt.gateway.realtime_vad) the server finds the turns itself: audio before the speech is kept
+as padding; at the speech's start a turn opens with that padding (`speech_started`; a running
+response is barged in on, as by `response.create`), and at its end the turn is committed and
+answered (`speech_stopped`, then as `response.create`).
 
 A turn's call waits for the turn before it to be retired (calls of a session run one at a time),
 unless a barge-in starts it. The connection's calls share one admission place
@@ -31,164 +35,26 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import inspect
 import logging
 import time
-import uuid
 from collections import deque
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSMsgType, web
 
-from flowrt.control import Runtime
-from flowrt.control.sessions import reserved
 from flowrt.errors import FlowrtError, InputClosed
 from flowrt.gateway import realtime_events as wire
-from flowrt.gateway.access import PRINCIPAL, SessionOwners, offered_protocols, refused_session
-from flowrt.gateway.admission import Admission, Refused
+from flowrt.gateway.admission import Refused
 from flowrt.gateway.exposure import client_events, hide_paths
 from flowrt.gateway.openai import call_error
-from flowrt.gateway.openai_request import ChatError, TokenCounts, served
-from flowrt.observe.audio import AudioClock, AudioFigures
-from flowrt.observe.metrics import Metrics
+from flowrt.gateway.openai_request import TokenCounts
+from flowrt.gateway.realtime_turns import Response, Turn
+from flowrt.gateway.realtime_vad import EnergyDetector
 
 MAX_PENDING_BYTES = 16 * 2**20  # a turn's audio appended and not yet taken by its call
 HELD_MAX = 1024  # events a call may make before a response.create asks for them
 MAX_TURNS = 4  # turns open at once on a connection (calls running, or waiting for the one before)
-SHUTDOWN_WAIT = 5.0  # seconds the server's shutdown waits for the cancelled responses' response.done
-CONNECTIONS: web.AppKey[dict] = web.AppKey("realtime_connections", dict)  # ws -> Connection
-BETA = "realtime=v1"  # the `OpenAI-Beta` header of a client that speaks the beta events
-BETA_PROTOCOL = "openai-beta.realtime-v1"  # ... or, from a browser, a subprotocol it offers
 log = logging.getLogger("flowrt.gateway")
-
-
-def add_routes(app: web.Application, runtime: Runtime, admission: Admission, owners: SessionOwners) -> None:
-    """Register `/v1/realtime` (flowrt.gateway.openai_routes does, before its catch-all)."""
-    endpoint = RealtimeEndpoint(runtime, admission, owners)
-    app[CONNECTIONS] = endpoint.connections
-    app.router.add_route("*", "/v1/realtime", endpoint.connect)
-    app.on_shutdown.append(endpoint.shutdown)
-
-
-class RealtimeEndpoint:
-    def __init__(self, runtime: Runtime, admission: Admission, owners: SessionOwners):
-        self.runtime, self.admission, self.owners = runtime, admission, owners
-        self.connections: dict[web.WebSocketResponse, Connection] = {}
-        self.interrupts = "interrupt" in inspect.signature(runtime.start).parameters
-        observers = getattr(runtime.observer, "observers", (runtime.observer,))  # (the server's /metrics)
-        metrics = next((o for o in observers if isinstance(o, Metrics)), None)
-        self.audio = metrics.audio if metrics is not None else AudioFigures()
-        self.models: dict[str, dict[str, str]] = {}  # graph -> the fields /v1/realtime reads (bundle.json)
-        for graph in runtime.bundle.plan["graphs"]:
-            fields = (served(runtime, graph) or {}).get("realtime")
-            if fields is not None:
-                self.models[graph] = fields
-
-    async def connect(self, request: web.Request) -> web.StreamResponse:
-        """The upgrade, or OpenAI's error object (404 unknown model, 400 one that is not a realtime
-        model or no upgrade, 403 another key's session, 503 draining) before it happens."""
-        if request.method != "GET":
-            error = ChatError(
-                405, f"/v1/realtime answers GET (a WebSocket upgrade), not {request.method}", None, "method_not_allowed"
-            )
-            return web.json_response(error.body(), status=405, headers={"Allow": "GET"})
-        model = request.query.get("model")
-        fields = self.models.get(model or "")
-        if fields is None:
-            known = ", ".join(sorted(self.models)) or "none (a graph says `serves realtime`)"
-            if model is None or model not in self.runtime.programs:
-                told = "give the model as `?model=GRAPH`" if model is None else f"the model `{model}` does not exist"
-                return ChatError(404, f"{told}; realtime models: {known}", "model", "model_not_found").response()
-            return ChatError(
-                400,
-                f"the model `{model}` is not a realtime model (its graph does not `serves realtime`); realtime models: {known}",
-                "model",
-                "model_not_supported",
-            ).response()
-        named = request.headers.get("X-Flow-Session") or request.query.get("session")
-        if named is not None and reserved(named):
-            return ChatError(400, f"the session (`X-Flow-Session`): {reserved(named)}", "session", "invalid_session").response()
-        if self.admission.draining:
-            refused = Refused(503, "the server is stopping and takes no new connections", "shutdown")
-            body = ChatError(503, refused.message, None, refused.code).body()
-            return web.json_response(body, status=503, headers=refused.headers())
-        # (a browser offers `realtime`, its key and `openai-beta.realtime-v1` as subprotocols: one must be chosen)
-        ws = web.WebSocketResponse(protocols=("realtime",), max_msg_size=request.client_max_size, compress=False)
-        if not ws.can_prepare(request).ok:
-            return ChatError(
-                400,
-                "/v1/realtime is a WebSocket endpoint and this request asks for no upgrade; connect with a "
-                "Realtime client (e.g. openai's `client.realtime.connect(model=...)`)",
-                None,
-                "upgrade_required",
-            ).response()
-        session = named or f"realtime_{uuid.uuid4().hex}"
-        principal = request[PRINCIPAL]
-        if not self.owners.claim(session, principal):
-            return ChatError(403, refused_session(session), "session", "session_not_yours", "permission_error").response()
-        try:
-            await ws.prepare(request)
-            beta = request.headers.get("OpenAI-Beta", "").replace(" ", "") == BETA or BETA_PROTOCOL in offered_protocols(request)
-            connection = self.connections[ws] = Connection(self, ws, model, fields, session, named is None, beta)
-            try:
-                await connection.serve()
-            finally:
-                self.connections.pop(ws, None)
-        finally:
-            self.owners.release(session)
-        return ws
-
-    async def shutdown(self, app: web.Application) -> None:
-        """The server stops: every call is cancelled (reason `shutdown`), its response.done written
-        (for at most SHUTDOWN_WAIT seconds), then every connection closes (1001, going away)."""
-        tasks = []
-        for connection in list(self.connections.values()):
-            tasks += await connection.stop_all("shutdown")
-        if tasks:
-            await asyncio.wait(tasks, timeout=SHUTDOWN_WAIT)
-        for ws in list(self.connections):
-            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"the server is stopping")
-
-
-class Response:
-    """One response: its ids, the settings it was asked under, its text so far, how it stops."""
-
-    def __init__(self, settings: wire.Settings):
-        self.id, self.item_id = wire.new_id("resp"), wire.new_id("item")
-        self.settings = settings
-        self.text: list[str] = []
-        self.stopped: str | None = None  # why the client stopped it: `client_cancelled` or `turn_detected`
-        self.failure: wire.RealtimeError | None = None  # the graph sent what cannot be an answer
-        self.usage: TokenCounts | None = None  # what the graph reported of its generation (response.done's usage)
-        self.finished = asyncio.Event()  # its response.done is sent
-
-
-class Turn:
-    """One call of the graph: the audio of one user turn in, one response out."""
-
-    def __init__(self, ahead: Turn | None, settings: wire.Settings, graph: str):
-        self.item_id = wire.new_id("item")
-        self.clock = AudioClock(graph, time.perf_counter(), streaming=True)  # time to first audio (flowrt.observe.audio)
-        self.ahead = ahead
-        self.settings = settings  # at its first append: the input's rate, the session entry's value
-        self.inbox: asyncio.Queue[tuple[str, Any, int]] = asyncio.Queue()
-        self.pending = 0  # bytes of audio in the inbox
-        self.committed = False
-        self.dropped = False  # cleared, or refused: no response will answer it
-        self.response: Response | None = None
-        self.held: deque[dict] = deque()  # events made before its response was asked for
-        self.out = asyncio.Lock()  # the response's events leave in order, held ones first
-        self.handle: Any = None
-        self.admitted = False  # its call has started (a call still waiting is stopped, not interrupted)
-        self.go = asyncio.Event()  # start now (a barge-in, or the turn is over before it started)
-        self.interrupt = False  # start with `interrupt=True`
-        self.taking = asyncio.Event()  # clear while a barge-in's call is on its way to interrupt this one
-        self.taking.set()
-        self.retired = asyncio.Event()
-        self.failure: wire.RealtimeError | None = None  # why its call did not run or ended badly
-        self.done: dict | None = None
-        self.work: asyncio.Task | None = None  # waiting its turn, then its call: what `stop` cancels
-        self.task: asyncio.Task | None = None  # `work`, then the turn retired (never cancelled)
 
 
 class Connection:
@@ -196,7 +62,7 @@ class Connection:
 
     def __init__(
         self,
-        endpoint: RealtimeEndpoint,
+        endpoint: Any,  # its RealtimeEndpoint (flowrt.gateway.realtime_endpoint, which imports this module)
         ws: web.WebSocketResponse,
         model: str,
         fields: dict,
@@ -213,6 +79,8 @@ class Connection:
         self.session_id = wire.new_id("sess")
         self.turns: list[Turn] = []  # open turns, oldest first
         self.input: Turn | None = None  # the turn the appends go to
+        self.vad: EnergyDetector | None = None  # server VAD, when the session asks for it
+        self.prefix: deque[tuple[dict, int]] = deque()  # (server VAD) audio before the speech: the padding kept
         self.last_item: str | None = None  # the last committed audio's item id
         plan = self.runtime.bundle.plan["graphs"][model]
         self.interruptible = endpoint.interrupts and plan.get("interruptible") is True
@@ -283,22 +151,76 @@ class Connection:
         settings = self.settings.updated(event.session, event.event_id)
         if self.input is not None and settings.changed_input(self.settings):
             raise wire.refusal("rate_change", event.event_id)
+        if settings.turn_detection != self.settings.turn_detection or settings.input_rate != self.settings.input_rate:
+            detection = settings.turn_detection
+            self.vad = None if detection is None else EnergyDetector(detection, settings.input_rate)
+            self.prefix.clear()
         self.settings = settings
         await self.say(wire.event("session.updated", session=self.names.session(settings, self.session_id)))
 
     async def append(self, event: wire.Append) -> None:
         data = wire.audio_bytes(event)
-        turn = self.input
-        if turn is None:
-            if len(self.turns) >= MAX_TURNS:
-                raise wire.refusal("too_many_turns", event.event_id, most=MAX_TURNS)
-            turn = self.input = self.open_turn()
-        if turn.pending + len(data) > MAX_PENDING_BYTES:
-            raise wire.refusal("input_audio_buffer_full", event.event_id, mib=MAX_PENDING_BYTES // 2**20)
-        turn.pending += len(data)
+        frame = {"format": "pcm16", "data": event.audio, "sample_rate": self.settings.input_rate}
+        if self.vad is None:
+            self.feed_input(event.event_id, frame, len(data))
+            return
+        fed = False  # (server VAD) the frame goes to the turn the speech is in, else to the padding
+        for kind, ms in self.vad.feed(data):
+            if kind == "started":
+                await self.speech_started(event.event_id, ms)
+            elif self.input is not None:
+                if not fed:
+                    fed = True
+                    self.feed_input(event.event_id, frame, len(data))
+                await self.speech_stopped(event.event_id, ms)
+        if fed:
+            return
+        if self.input is not None:
+            self.feed_input(event.event_id, frame, len(data))
+            return
+        self.prefix.append((frame, len(data)))
+        padding = 2 * self.settings.input_rate * self.settings.turn_detection.prefix_padding_ms // 1000
+        while sum(size for _, size in self.prefix) - self.prefix[0][1] >= padding:
+            self.prefix.popleft()
+
+    def feed_input(self, event_id: str | None, frame: dict, size: int) -> None:
+        turn = self.input or self.new_input(event_id)
+        if turn.pending + size > MAX_PENDING_BYTES:
+            raise wire.refusal("input_audio_buffer_full", event_id, mib=MAX_PENDING_BYTES // 2**20)
+        turn.pending += size
         turn.clock.input(time.perf_counter())
-        frame = {"format": "pcm16", "data": event.audio, "sample_rate": turn.settings.input_rate}
-        turn.inbox.put_nowait(("frame", frame, len(data)))
+        turn.inbox.put_nowait(("frame", frame, size))
+
+    async def speech_started(self, event_id: str | None, ms: int) -> None:
+        """(server VAD) A turn opens with the padding before the speech; a running response is
+        stopped (`interrupt_response`) and, on an interruptible graph, interrupted by this turn's call."""
+        turn = self.input or self.new_input(event_id)
+        while self.prefix:
+            self.feed_input(event_id, *self.prefix.popleft())
+        await self.say(wire.event("input_audio_buffer.speech_started", audio_start_ms=ms, item_id=turn.item_id))
+        running = self.responding()
+        if running is not None and self.settings.turn_detection.interrupt_response:
+            self.stopping(running)
+            if self.interruptible and running.admitted and turn.ahead is running:
+                turn.interrupt = True  # its call starts now, while the user speaks, and cuts the reply short
+                turn.go.set()
+            else:
+                await self.stop(running, "interrupted")
+
+    async def speech_stopped(self, event_id: str | None, ms: int) -> None:
+        """(server VAD) The turn is committed and, with `create_response`, answered."""
+        await self.say(wire.event("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=self.input.item_id))
+        detection = self.settings.turn_detection
+        if detection.create_response and (self.responding() is None or detection.interrupt_response):
+            await self.create(wire.ResponseCreate(event_id=event_id))
+        else:
+            await self.commit(event_id)
+
+    def new_input(self, event_id: str | None) -> Turn:
+        if len(self.turns) >= MAX_TURNS:
+            raise wire.refusal("too_many_turns", event_id, most=MAX_TURNS)
+        self.input = self.open_turn()
+        return self.input
 
     def open_turn(self) -> Turn:
         turn = Turn(self.turns[-1] if self.turns else None, self.settings, self.model)
@@ -333,12 +255,8 @@ class Connection:
         if answered is None and len(self.turns) >= MAX_TURNS:
             raise wire.refusal("too_many_turns", event.event_id, most=MAX_TURNS)
         running = self.responding()
-        if running is not None:  # barge-in: nothing more of the running response reaches the client
-            running.response.stopped = "turn_detected"
-            # ... nor is taken from its call (what its roles learn was taken was delivered), once it has started
-            if self.interruptible and running.admitted:
-                running.taking.clear()
-                running.handle.stop_taking()  # (an event its reader waits for now is not counted as delivered)
+        if running is not None:  # barge-in
+            self.stopping(running)
         if self.input is not None:
             await self.commit(event.event_id)
         target = next((t for t in self.turns if t.committed and not t.dropped and t.response is None), None)
@@ -371,6 +289,14 @@ class Connection:
             raise wire.RealtimeError(f"nothing to cancel: {which}", "response_cancel_not_active", "response_id", event.event_id)
         running.response.stopped = "client_cancelled"
         await self.stop(running, "cancelled by the client")
+
+    def stopping(self, running: Turn) -> None:
+        """A barge-in: nothing more of the running response reaches the client, nor is taken from
+        its call once it has started (its roles learn that what was taken was delivered)."""
+        running.response.stopped = "turn_detected"
+        if self.interruptible and running.admitted:
+            running.taking.clear()
+            running.handle.stop_taking()  # (an event its reader waits for now is not counted as delivered)
 
     def responding(self) -> Turn | None:
         return next((t for t in self.turns if t.response is not None and not t.response.finished.is_set()), None)

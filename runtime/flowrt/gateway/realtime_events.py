@@ -24,6 +24,7 @@ import msgspec
 from flowrt import media
 from flowrt.gateway.exposure import hide_paths
 from flowrt.gateway.openai_request import TokenCounts
+from flowrt.gateway.realtime_vad import TurnDetection
 from flowrt.values import summarize
 
 EventId = Annotated[str, msgspec.Meta(max_length=512)]
@@ -49,8 +50,8 @@ class RealtimeError(Exception):
 REFUSALS = {
     "rate_change": (
         "session.audio.input.format",
-        "`session.audio.input.format`: the input's rate cannot change while audio of a turn is appended and not "
-        "committed; commit (or clear) it first",
+        "`session.audio.input`: the input's rate and turn detection cannot change while audio of a turn is appended "
+        "and not committed; commit (or clear) it first",
         False,
     ),
     "too_many_turns": (
@@ -248,6 +249,7 @@ class Settings:
     voice: str = VOICE
     input_rate: int = RATES[0]
     output_rate: int = RATES[0]
+    turn_detection: TurnDetection | None = None  # server VAD (flowrt.gateway.realtime_vad); None: the client commits
 
     def updated(self, session: dict[str, Any], event_id: str | None) -> Settings:
         """These settings with `session`'s applied (all or none); RealtimeError naming the first
@@ -275,7 +277,7 @@ class Settings:
             elif key in ("modalities", "output_modalities"):
                 changes["audio_out"] = self._modalities(key, value, refuse)
             elif key == "turn_detection":
-                self._turn_detection(value, refuse, key)
+                changes["turn_detection"] = TurnDetection.parse(value, refuse, key)
             elif key in ("input_audio_format", "output_audio_format"):
                 if value != BETA_FORMAT:
                     raise refuse(key, f'this endpoint takes and sends "{BETA_FORMAT}" (PCM16 at 24 kHz), not {_shown(value)}')
@@ -306,16 +308,6 @@ class Settings:
             )
         return "audio" in value
 
-    @staticmethod
-    def _turn_detection(value: Any, refuse: Any, place: str) -> None:
-        if value is not None:
-            raise refuse(
-                place,
-                "must be null: this endpoint has no voice activity detection; end each turn with input_audio_buffer.commit "
-                "(or response.create)",
-                "unsupported_field",
-            )
-
     def _audio(self, value: Any, refuse: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise refuse("audio", 'must be an object such as {"input": {"format": ...}, "output": {...}}')
@@ -332,7 +324,7 @@ class Settings:
                 if key == "format":
                     changes[f"{side}_rate"] = self._format(setting, refuse, place)
                 elif side == "input" and key == "turn_detection":
-                    self._turn_detection(setting, refuse, place)
+                    changes["turn_detection"] = TurnDetection.parse(setting, refuse, place)
                 elif side == "output" and key == "voice":
                     changes["voice"] = self._voice(setting, refuse, place)
                 elif setting is None or (side == "output" and key == "speed" and setting in (1, 1.0)):
@@ -352,13 +344,13 @@ class Settings:
         return rate
 
     def changed_input(self, other: Settings) -> bool:
-        return self.input_rate != other.input_rate
+        return self.input_rate != other.input_rate or self.turn_detection != other.turn_detection
 
 
 SUPPORTED = (
-    "type, model, instructions, output_modalities, audio.input.format, audio.input.turn_detection (null), "
+    "type, model, instructions, output_modalities, audio.input.format, audio.input.turn_detection (null or server_vad), "
     "audio.output.format, audio.output.voice; beta: modalities, voice, input_audio_format, output_audio_format (pcm16), "
-    "turn_detection (null)"
+    "turn_detection"
 )
 
 
@@ -397,6 +389,7 @@ class Names:
 
     def session(self, settings: Settings, session_id: str) -> dict[str, Any]:
         """The session object of session.created and session.updated."""
+        detection = settings.turn_detection.shown() if settings.turn_detection is not None else None
         if self.beta:
             return {
                 "id": session_id,
@@ -407,7 +400,7 @@ class Names:
                 "voice": settings.voice,
                 "input_audio_format": BETA_FORMAT,
                 "output_audio_format": BETA_FORMAT,
-                "turn_detection": None,
+                "turn_detection": detection,
                 "sample_rates": {"input": settings.input_rate, "output": settings.output_rate},  # (not OpenAI's: 16 kHz is ours)
             }
         return {
@@ -418,7 +411,7 @@ class Names:
             "output_modalities": ["audio"] if settings.audio_out else ["text"],
             "instructions": settings.instructions,
             "audio": {
-                "input": {"format": {"type": AUDIO_TYPE, "rate": settings.input_rate}, "turn_detection": None},
+                "input": {"format": {"type": AUDIO_TYPE, "rate": settings.input_rate}, "turn_detection": detection},
                 "output": {"format": {"type": AUDIO_TYPE, "rate": settings.output_rate}, "voice": settings.voice},
             },
         }
