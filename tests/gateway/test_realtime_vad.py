@@ -90,9 +90,10 @@ def test_a_session_that_only_appends_audio_gets_its_turns_found_committed_and_an
                 done = await until(connection, "response.done", seen)
                 assert done.response.status == "completed"
                 transcript = "".join(e.delta for e in events_of("response.output_audio_transcript.delta", seen))
-                # the turn's call heard the padding (two 20 ms chunks), the voice and the silence up to the stop
-                assert transcript.startswith("heard 8 chunks,"), transcript
-                assert [samples for samples, _ in roles().HEARD[heard:]] == [FRAME] * 2 + [3 * FRAME] + [FRAME] * 5
+                # the turn's call heard the padding (40 ms, in one frame), the voice, and the silence up
+                # to the frame that decided the stop (100 ms); the silence after it is the next padding
+                assert transcript.startswith("heard 7 chunks,"), transcript
+                assert [samples for samples, _ in roles().HEARD[heard:]] == [2 * FRAME] + [3 * FRAME] + [FRAME] * 5
             await drained(Served(app, base, client), runtime)
 
     run(main())
@@ -122,5 +123,69 @@ def test_speech_during_a_reply_barges_in_on_it(tmp_path):
                 assert module.SEEN[1] is not None and module.SEEN[1].call_id  # the new turn's call interrupted the reply
             await drained(Served(app, base, client), runtime, idle_sessions=0)
             assert runtime.programs["talk"].calls_ended == {"cancelled": 1, "ok": 1}
+
+    run(asyncio.wait_for(main(), 30))
+
+
+async def vad_session(connection, **detection) -> None:
+    await until(connection, "session.created")
+    await connection.session.update(session={"audio": {"input": {"turn_detection": {"type": "server_vad", **detection}}}})
+    await until(connection, "session.updated")
+
+
+async def append(connection, pcm: bytes) -> None:
+    await connection.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
+
+
+def test_the_padding_is_the_last_prefix_padding_ms_to_the_sample_and_times_run_across_updates(bundle):  # noqa: F811
+    async def main():
+        async with opened(bundle) as runtime, served(runtime) as (app, base, client):
+            async with client_of(base).realtime.connect(model="talk") as connection:
+                await vad_session(connection, prefix_padding_ms=40, silence_duration_ms=100)
+                heard = len(roles().HEARD)
+                await append(connection, quiet(50) + voice(3) + quiet(6))  # one append: 1 s of silence first
+                seen: list = []
+                assert (await until(connection, "input_audio_buffer.speech_started", seen)).audio_start_ms == 1000
+                await until(connection, "response.done", seen)
+                assert [samples for samples, _ in roles().HEARD[heard:]] == [2 * FRAME, 8 * FRAME]  # 40 ms, then the turn
+                # no padding at all; the times go on from the audio appended before the change
+                await connection.session.update(session={"turn_detection": {"prefix_padding_ms": 0, "silence_duration_ms": 100}})
+                await until(connection, "session.updated")
+                heard = len(roles().HEARD)
+                await append(connection, quiet(10) + voice(2) + quiet(5))
+                seen = []
+                started = await until(connection, "input_audio_buffer.speech_started", seen)
+                stopped = await until(connection, "input_audio_buffer.speech_stopped", seen)
+                assert (started.audio_start_ms, stopped.audio_end_ms) == (1180 + 200, 1180 + 240)
+                await until(connection, "response.done", seen)
+                assert not events_of("error", seen)
+                assert [samples for samples, _ in roles().HEARD[heard:]] == [7 * FRAME]  # the voice and 100 ms
+            await drained(Served(app, base, client), runtime)
+
+    run(main())
+
+
+def test_without_interrupt_response_a_turn_spoken_during_a_reply_is_answered_after_it(tmp_path):
+    async def main():
+        async with interruptible(tmp_path) as (runtime, (app, base, client), module, gate):
+            async with client_of(base).realtime.connect(model="talk") as connection:
+                await vad_session(connection, silence_duration_ms=60, interrupt_response=False)
+                await append(connection, voice(2, first=module.GATED) + quiet(3))
+                first = await until(connection, "response.created", [])
+                gate.release()
+                await until(connection, "response.output_audio.delta", [])
+                await append(connection, voice(2) + quiet(3))  # spoken while the reply plays: not a barge-in
+                seen: list = []
+                await until(connection, "input_audio_buffer.committed", seen)
+                assert not events_of("response.created", seen)
+                for _ in range(1000):  # the reply goes on to its end ...
+                    gate.release()
+                done = await until(connection, "response.done", seen)
+                assert (done.response.id, done.response.status) == (first.response.id, "completed")
+                second = await until(connection, "response.created", seen)  # ... then the turn is answered
+                answered = await until(connection, "response.done", seen)
+                assert answered.response.id == second.response.id and answered.response.status == "completed"
+            await drained(Served(app, base, client), runtime, idle_sessions=0)
+            assert runtime.programs["talk"].calls_ended == {"ok": 2}
 
     run(asyncio.wait_for(main(), 30))

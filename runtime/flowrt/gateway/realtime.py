@@ -37,7 +37,6 @@ import base64
 import contextlib
 import logging
 import time
-from collections import deque
 from typing import Any
 
 from aiohttp import WSMsgType, web
@@ -49,7 +48,7 @@ from flowrt.gateway.exposure import client_events, hide_paths
 from flowrt.gateway.openai import call_error
 from flowrt.gateway.openai_request import TokenCounts
 from flowrt.gateway.realtime_turns import Response, Turn
-from flowrt.gateway.realtime_vad import EnergyDetector
+from flowrt.gateway.realtime_vad import ServerVad
 
 MAX_PENDING_BYTES = 16 * 2**20  # a turn's audio appended and not yet taken by its call
 HELD_MAX = 1024  # events a call may make before a response.create asks for them
@@ -79,8 +78,10 @@ class Connection:
         self.session_id = wire.new_id("sess")
         self.turns: list[Turn] = []  # open turns, oldest first
         self.input: Turn | None = None  # the turn the appends go to
-        self.vad: EnergyDetector | None = None  # server VAD, when the session asks for it
-        self.prefix: deque[tuple[dict, int]] = deque()  # (server VAD) audio before the speech: the padding kept
+        self.vad: ServerVad | None = None  # server VAD, when the session asks for it
+        self.appended_ms = 0.0  # the audio appended so far (server VAD's times count from its start)
+        self.later: set[asyncio.Task] = set()  # (server VAD) answers to give once the running reply is done
+        self.creating = asyncio.Lock()  # one response.create at a time (the client's, or server VAD's)
         self.last_item: str | None = None  # the last committed audio's item id
         plan = self.runtime.bundle.plan["graphs"][model]
         self.interruptible = endpoint.interrupts and plan.get("interruptible") is True
@@ -100,6 +101,8 @@ class Connection:
             await asyncio.shield(asyncio.ensure_future(self.closed()))
 
     async def closed(self) -> None:
+        for task in list(self.later):
+            task.cancel()
         tasks = await self.stop_all("client gone")
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -125,20 +128,27 @@ class Connection:
 
     async def take(self, data: str | bytes) -> None:
         """One client event, decoded at the edge; what is wrong with it is an error event."""
+        await self.answered(self.act(data))
+
+    async def act(self, data: str | bytes) -> None:
+        event = wire.decode(data)
+        if isinstance(event, wire.Append):
+            await self.append(event)
+        elif isinstance(event, wire.Commit):
+            await self.commit(event.event_id)
+        elif isinstance(event, wire.Clear):
+            await self.clear()
+        elif isinstance(event, wire.ResponseCreate):
+            await self.create(event)
+        elif isinstance(event, wire.ResponseCancel):
+            await self.cancel(event)
+        else:
+            await self.update(event)
+
+    async def answered(self, work: Any) -> None:
+        """Await `work`; what is wrong is an error event, and the connection goes on."""
         try:
-            event = wire.decode(data)
-            if isinstance(event, wire.Append):
-                await self.append(event)
-            elif isinstance(event, wire.Commit):
-                await self.commit(event.event_id)
-            elif isinstance(event, wire.Clear):
-                await self.clear()
-            elif isinstance(event, wire.ResponseCreate):
-                await self.create(event)
-            elif isinstance(event, wire.ResponseCancel):
-                await self.cancel(event)
-            else:
-                await self.update(event)
+            await work
         except wire.RealtimeError as error:
             await self.fail(error)
         except Exception as error:  # noqa: BLE001 - a bug in flowrt: logged with its traceback, told, and the connection goes on
@@ -150,71 +160,65 @@ class Connection:
     async def update(self, event: wire.SessionUpdate) -> None:
         settings = self.settings.updated(event.session, event.event_id)
         if self.input is not None and settings.changed_input(self.settings):
-            raise wire.refusal("rate_change", event.event_id)
+            error = wire.refusal("rate_change", event.event_id)
+            rate = settings.input_rate != self.settings.input_rate
+            beta = {True: "session.input_audio_format", False: "session.turn_detection"}
+            error.param = beta[rate] if self.names.beta else ("session.audio.input." + ("format" if rate else "turn_detection"))
+            raise error
         if settings.turn_detection != self.settings.turn_detection or settings.input_rate != self.settings.input_rate:
-            detection = settings.turn_detection
-            self.vad = None if detection is None else EnergyDetector(detection, settings.input_rate)
-            self.prefix.clear()
+            detection, offset = settings.turn_detection, round(self.appended_ms)
+            self.vad = None if detection is None else ServerVad(self, detection, settings.input_rate, offset)
         self.settings = settings
         await self.say(wire.event("session.updated", session=self.names.session(settings, self.session_id)))
 
     async def append(self, event: wire.Append) -> None:
         data = wire.audio_bytes(event)
+        self.appended_ms += len(data) / 2 / self.settings.input_rate * 1000
+        if self.vad is not None:
+            await self.vad.append(event.event_id, data)
+            return
         frame = {"format": "pcm16", "data": event.audio, "sample_rate": self.settings.input_rate}
-        if self.vad is None:
-            self.feed_input(event.event_id, frame, len(data))
-            return
-        fed = False  # (server VAD) the frame goes to the turn the speech is in, else to the padding
-        for kind, ms in self.vad.feed(data):
-            if kind == "started":
-                await self.speech_started(event.event_id, ms)
-            elif self.input is not None:
-                if not fed:
-                    fed = True
-                    self.feed_input(event.event_id, frame, len(data))
-                await self.speech_stopped(event.event_id, ms)
-        if fed:
-            return
-        if self.input is not None:
-            self.feed_input(event.event_id, frame, len(data))
-            return
-        self.prefix.append((frame, len(data)))
-        padding = 2 * self.settings.input_rate * self.settings.turn_detection.prefix_padding_ms // 1000
-        while sum(size for _, size in self.prefix) - self.prefix[0][1] >= padding:
-            self.prefix.popleft()
+        self.feed_input(event.event_id, frame, len(data))
 
     def feed_input(self, event_id: str | None, frame: dict, size: int) -> None:
         turn = self.input or self.new_input(event_id)
-        if turn.pending + size > MAX_PENDING_BYTES:
-            raise wire.refusal("input_audio_buffer_full", event_id, mib=MAX_PENDING_BYTES // 2**20)
+        self.check_room(turn, event_id, size)
         turn.pending += size
         turn.clock.input(time.perf_counter())
         turn.inbox.put_nowait(("frame", frame, size))
 
-    async def speech_started(self, event_id: str | None, ms: int) -> None:
-        """(server VAD) A turn opens with the padding before the speech; a running response is
-        stopped (`interrupt_response`) and, on an interruptible graph, interrupted by this turn's call."""
-        turn = self.input or self.new_input(event_id)
-        while self.prefix:
-            self.feed_input(event_id, *self.prefix.popleft())
-        await self.say(wire.event("input_audio_buffer.speech_started", audio_start_ms=ms, item_id=turn.item_id))
-        running = self.responding()
-        if running is not None and self.settings.turn_detection.interrupt_response:
-            self.stopping(running)
-            if self.interruptible and running.admitted and turn.ahead is running:
-                turn.interrupt = True  # its call starts now, while the user speaks, and cuts the reply short
-                turn.go.set()
-            else:
-                await self.stop(running, "interrupted")
+    @staticmethod
+    def check_room(turn: Turn, event_id: str | None, size: int) -> None:
+        if turn.pending + size > MAX_PENDING_BYTES:
+            raise wire.refusal("input_audio_buffer_full", event_id, mib=MAX_PENDING_BYTES // 2**20)
 
-    async def speech_stopped(self, event_id: str | None, ms: int) -> None:
-        """(server VAD) The turn is committed and, with `create_response`, answered."""
-        await self.say(wire.event("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=self.input.item_id))
-        detection = self.settings.turn_detection
-        if detection.create_response and (self.responding() is None or detection.interrupt_response):
-            await self.create(wire.ResponseCreate(event_id=event_id))
+    async def tell(self, kind: str, **fields: Any) -> None:
+        await self.say(wire.event(kind, **fields))
+
+    async def respond(self, event_id: str | None) -> None:
+        await self.create(wire.ResponseCreate(event_id=event_id))
+
+    def respond_after(self, running: Turn, turn: Turn) -> None:
+        """(server VAD) Answer `turn` once `running`'s response is done, unless it is answered by then."""
+
+        async def later() -> None:
+            await running.response.finished.wait()
+            if turn.response is None and not turn.dropped:
+                await self.answered(self.respond(None))
+
+        task = asyncio.ensure_future(later())
+        self.later.add(task)
+        task.add_done_callback(self.later.discard)
+
+    async def barge_in(self, running: Turn, turn: Turn) -> None:
+        """(server VAD) Speech while a response runs: it stops, and on an interruptible graph the
+        speech's turn starts now and interrupts its call, while the user still speaks."""
+        self.stopping(running)
+        if self.interruptible and running.admitted and turn.ahead is running:
+            turn.interrupt = True
+            turn.go.set()
         else:
-            await self.commit(event_id)
+            await self.stop(running, "interrupted")
 
     def new_input(self, event_id: str | None) -> Turn:
         if len(self.turns) >= MAX_TURNS:
@@ -249,6 +253,10 @@ class Connection:
         await self.say(wire.event("input_audio_buffer.cleared"))
 
     async def create(self, event: wire.ResponseCreate) -> None:
+        async with self.creating:
+            await self.creating_response(event)
+
+    async def creating_response(self, event: wire.ResponseCreate) -> None:
         if event.response:
             raise wire.refusal("response_settings", event.event_id, name=next(iter(event.response)))
         answered = self.input or next((t for t in self.turns if t.committed and not t.dropped and t.response is None), None)
