@@ -64,7 +64,8 @@ class Plain:
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=16, resources={"flowc_gpu": 4}, include_dashboard=False, configure_logging=False)
+    # (address="local": a cluster of its own, even where another Ray cluster runs on the machine)
+    ray.init(address="local", num_cpus=16, resources={"flowc_gpu": 4}, include_dashboard=False, configure_logging=False)
     yield
     ray.shutdown()
 

@@ -298,7 +298,8 @@ class RaySupervisor(LocalSupervisor):
             cpus = sum(b.get("CPU", 0) for g in plan.get("placementGroups", []) for b in g["bundles"])
             cpus += sum(a.get("num_cpus", 1) for a in plan.get("actors", []))
             resources = {GPU_STAND_IN: float(gpus)} if gpus else {}
-            ray.init(
+            ray.init(  # (address="local": a cluster of its own, though another may run on this machine)
+                address="local",
                 num_cpus=max(int(cpus), os.cpu_count() or 1),
                 resources=resources,
                 include_dashboard=False,
