@@ -45,10 +45,13 @@ PROBE_PATHS = ("/health", "/metrics")  # open unless --protect-metrics
 KEY_PROTOCOL = "openai-insecure-api-key."  # a browser's WebSocket key, as a subprotocol (OpenAI's convention)
 
 
+def _offered(request: web.Request) -> list[str]:
+    return [p for p in (p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")) if p]
+
+
 def offered_protocols(request: web.Request) -> list[str]:
     """The WebSocket subprotocols a request offers, the key one (`KEY_PROTOCOL`) left out."""
-    offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
-    return [p for p in offered if p and not p.startswith(KEY_PROTOCOL)]
+    return [p for p in _offered(request) if not p.startswith(KEY_PROTOCOL)]
 
 
 def presented_key(request: web.Request) -> str | None:
@@ -57,8 +60,7 @@ def presented_key(request: web.Request) -> str | None:
     authorization = request.headers.get("Authorization")
     if authorization or request.headers.get("Upgrade", "").lower() != "websocket":
         return authorization
-    offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
-    key = next((p[len(KEY_PROTOCOL) :] for p in offered if p.startswith(KEY_PROTOCOL)), None)
+    key = next((p[len(KEY_PROTOCOL) :] for p in _offered(request) if p.startswith(KEY_PROTOCOL)), None)
     return None if key is None else f"Bearer {key}"
 
 

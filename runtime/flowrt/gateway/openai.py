@@ -283,8 +283,8 @@ class Reply:
                     await response.write(data)
                 if answer.over:
                     break
-            finish, error = answer.ending()
             if response is None:
+                error = answer.ending()[1]
                 if error is not None:
                     return error.response()
                 body = self._chunk({"role": "assistant", "content": ""}) + self._ending()

@@ -161,9 +161,11 @@ class Connection:
         settings = self.settings.updated(event.session, event.event_id)
         if self.input is not None and settings.changed_input(self.settings):
             error = wire.refusal("rate_change", event.event_id)
-            rate = settings.input_rate != self.settings.input_rate
-            beta = {True: "session.input_audio_format", False: "session.turn_detection"}
-            error.param = beta[rate] if self.names.beta else ("session.audio.input." + ("format" if rate else "turn_detection"))
+            if settings.input_rate != self.settings.input_rate:
+                field = "input_audio_format" if self.names.beta else "audio.input.format"
+            else:
+                field = "turn_detection" if self.names.beta else "audio.input.turn_detection"
+            error.param = f"session.{field}"
             raise error
         if settings.turn_detection != self.settings.turn_detection or settings.input_rate != self.settings.input_rate:
             detection, offset = settings.turn_detection, round(self.appended_ms)
