@@ -106,13 +106,11 @@ def test_speech_during_a_reply_barges_in_on_it(tmp_path):
                 await until(connection, "session.created")
                 await connection.session.update(session={"turn_detection": {"type": "server_vad", "silence_duration_ms": 60}})
                 await until(connection, "session.updated")
-                for chunk in (voice(2, first=module.GATED), quiet(3)):  # a turn whose reply runs until stopped
-                    await connection.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
+                await append(connection, voice(2, first=module.GATED) + quiet(3))  # a reply that runs until stopped
                 first = await until(connection, "response.created", [])
                 gate.release()
                 await until(connection, "response.output_audio.delta", [])
-                for chunk in (voice(2), quiet(3)):  # the user talks over it
-                    await connection.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
+                await append(connection, voice(2) + quiet(3))  # the user talks over it
                 seen: list = []
                 await until(connection, "input_audio_buffer.speech_started", seen)
                 stopped = await until(connection, "response.done", seen)
