@@ -162,3 +162,10 @@ def test_voice_ttfa_bench_runs_its_quick_levels():
     rows = [line for line in result.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert len(rows) == 2 and all(row.endswith("| 0 |") for row in rows), result.stdout  # no turn failed
     assert "TTFA at 2 / at 1: " in result.stdout
+
+
+def test_audio_encoder_batch_bench_compares_both_ways():
+    pytest.importorskip("torch", reason="the voice models need torch: pip install 'flowc[models]'")
+    result = run("bench/audio_encoder_batch.py", "--clips", "1,3", "--rounds", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [line.split("|")[1].strip() for line in result.stdout.splitlines() if line.startswith("| ") and "x |" in line] == ["1", "3"]

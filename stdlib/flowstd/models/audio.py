@@ -102,8 +102,13 @@ class AudioEncoderConfig(ModelConfig):
         return 1 + samples // self.hop_length
 
     def frames(self, samples: int) -> int:
-        """Encoder frames for a waveform of `samples`: the second conv halves the mel frames, rounding up."""
-        return (self.mel_frames(samples) + 1) // 2
+        """Encoder frames for a waveform of `samples`."""
+        return self.frames_of_mel(self.mel_frames(samples))
+
+    @staticmethod
+    def frames_of_mel(mel_frames: int) -> int:
+        """The second conv halves the mel frames, rounding up."""
+        return (mel_frames + 1) // 2
 
 
 def waveform_to_tensor(waveform: Any, *, min_samples: int) -> torch.Tensor:
@@ -175,14 +180,37 @@ class AudioEncoder(SeededModel):
         `sample_rate`, when given, must be the config's (there is no resampling)."""
         return self(self.features(self._waveform(waveform, sample_rate))[None])[0]
 
-    def forward(self, log_mel: torch.Tensor) -> torch.Tensor:
-        """(batch, mel_frames, n_mels) log-mel features -> (batch, frames, output_width)."""
+    @torch.inference_mode()
+    def encode_many(self, waveforms: list[Any], sample_rate: int | None = None) -> list[torch.Tensor]:
+        """`encode` of each waveform, in one forward. Clips of different lengths are padded to the
+        longest and the padding masked (zeroed between the convolutions, left out of attention),
+        so each clip's rows are its own: exactly `encode`'s for one clip, equal to within float
+        rounding for several (the CPU kernels round differently for other batch sizes)."""
+        clips = [self._waveform(waveform, sample_rate) for waveform in waveforms]
+        if len(clips) <= 1:
+            return [self(self.features(clip)[None])[0] for clip in clips]
+        mels = [self.features(clip) for clip in clips]
+        lengths = torch.tensor([mel.shape[0] for mel in mels], device=self.device)
+        batch = torch.zeros(len(mels), int(lengths.max()), self.config.n_mels, device=self.device)
+        for row, mel in enumerate(mels):
+            batch[row, : mel.shape[0]] = mel
+        encoded = self(batch, lengths)
+        return [encoded[row, : self.config.frames_of_mel(mel.shape[0])].clone() for row, mel in enumerate(mels)]
+
+    def forward(self, log_mel: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, mel_frames, n_mels) log-mel features -> (batch, frames, output_width). `lengths`
+        (batch,): each row's real mel frames, the rest padding (rows past a row's own
+        `frames_of_mel(length)` are not meaningful); None: every frame is real."""
         if not isinstance(log_mel, torch.Tensor) or log_mel.dim() != 3 or log_mel.shape[2] != self.config.n_mels:
             got = shape_text(log_mel) if isinstance(log_mel, torch.Tensor) else type(log_mel).__name__
             raise ModelInputError(f"AudioEncoder.forward takes log-mel features (batch, frames, {self.config.n_mels}); got {got}")
         x = F.gelu(self.conv_in(log_mel.transpose(1, 2)))
+        key_mask = None
+        if lengths is not None:  # padding must read as the convolution's own zero padding, as for a clip alone
+            x = x * (torch.arange(x.shape[2], device=x.device)[None, :] < lengths[:, None])[:, None, :]
+            key_mask = torch.arange((x.shape[2] + 1) // 2, device=x.device)[None, :] < ((lengths + 1) // 2)[:, None]
         x = F.gelu(self.conv_down(x)).transpose(1, 2)  # (batch, frames, hidden)
-        x = self.encoder(x + sinusoidal_positions(x.shape[1], self.config.hidden, x.device))
+        x = self.encoder(x + sinusoidal_positions(x.shape[1], self.config.hidden, x.device), key_mask)
         return x if self.projector is None else self.projector(x)
 
     def _shapes(self) -> tuple[dict[str, str], dict[str, Shape], dict[str, str]]:

@@ -5,7 +5,8 @@
                              segments, or an OpenAI chat body (the whole conversation, step 0);
                              WAV/FLAC/OGG files decoded and resampled by flowrt.media
     AudioEncoderRole.encode  voice_audio -> audio_emb: the clip's AudioEncoder rows, cached by
-                             the clip's content hash, and what the cache did (hit, join, miss)
+                             the clip's content hash, and what the cache did (hit, join, miss);
+                             clips of concurrent turns run in one forward (`AudioEncoderBatcher`)
     Thinker.generate         join {voice_prompt: 1, audio_emb: all} -> stream reply (text pieces),
                              spoken (each sampled id, for the talker), then turn (the counts)
     Talker.speak             spoken -> stream speech (PCM16 chunks of a streaming vocoder)
@@ -46,6 +47,7 @@ from flowrt.compute.engine import ContinuousBatcher, ReferenceConfig, ReferenceE
 from flowrt.compute.engine.planned import PlannedGenerator
 from flowrt.compute.prefix import Media, PrefixMatcher, Text
 from flowrt.errors import BadInput, FlowrtError
+from flowstd.models.audio_batch import AudioEncoderBatcher
 from flowstd.models.vocoder_batch import VocoderBatcher
 from flowstd.roles.delivered import SpokenTurns
 from flowstd.roles.llm import check_kv_fits, engines_for, stream_generation, token_ids
@@ -448,8 +450,9 @@ class AudioEncoderRole:
     deployment starts with an empty one, whatever ran in the process before."""
 
     async def setup(self, ctx) -> None:
-        VoiceRuntime.shared().build("audio_encoder")
+        runtime = VoiceRuntime.shared().build("audio_encoder")
         self.cache = EncoderCache(name="audio")
+        self.clips = AudioEncoderBatcher(runtime.audio_encoder)  # the clips of turns heard at once, together
 
     async def encode(self, ctx, voice_audio):
         from flowstd.models import tensor_content_hash
@@ -458,7 +461,7 @@ class AudioEncoderRole:
         waveform = voice_audio.waveform()
         content = tensor_content_hash(waveform)
         cache = self.cache.state(content)  # hit, join (another request is encoding it) or miss
-        rows = await self.cache.get(content, lambda: runtime.audio_encoder.encode(waveform))
+        rows = await self.cache.get(content, lambda: self.clips.encode(waveform))
         return {"audio_emb": {"clip": voice_audio.index, "content": content, "hidden": rows, "cache": cache}}
 
 
