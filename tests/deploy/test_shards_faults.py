@@ -291,3 +291,63 @@ def test_calls_made_while_a_replica_restarts_wait_for_it_and_one_that_stays_down
             await assert_clean_everywhere(deployment)
 
     asyncio.run(main())
+
+
+COUNTERS = """
+placeholder start: Json
+role counter {
+    impl "roles:Counter"
+    replicas 2
+    lb session
+    interface count { in start  out n: Json }
+}
+graph count {
+    entry start
+    return n
+}
+"""
+
+COUNTER = """
+import asyncio, os
+
+HOLD = {hold!r}
+
+class Counter:
+    async def setup(self, ctx):
+        self.n = 0
+        while os.path.exists(HOLD):  # the test holds the restart here
+            await asyncio.sleep(0.01)
+
+    async def count(self, ctx, start):
+        self.n += 1
+        return {{"n": [ctx.replica, self.n]}}
+"""
+
+
+def test_a_session_whose_replica_is_down_goes_to_another_until_it_is_back(tmp_path):
+    hold = tmp_path / "hold"
+    bundle = bundle_with_roles(COUNTERS, COUNTER.format(hold=str(hold)), tmp_path)
+
+    async def count(runtime) -> list:
+        return returned(await calls(runtime, "count", {"start": {}}, session="s"))["n"]
+
+    async def main():
+        async with deployed(bundle, heartbeat_ttl=TTL) as deployment:
+            supervisor, runtime = deployment.supervisor, deployment.runtime
+            pinned, _ = await count(runtime)
+            assert await count(runtime) == [pinned, 2]  # the session stays on its replica
+            other = 1 - pinned
+            hold.touch()
+            victim = f"counter/{pinned}"
+            os.kill(supervisor.pids()[victim], signal.SIGKILL)
+            await wait_for(lambda: supervisor.shards.faults.down, 5, "the gateway told the replica is down")
+            # while it is held down, the session's calls go to the other replica and complete
+            assert await asyncio.wait_for(count(runtime), 5) == [other, 1]
+            assert await asyncio.wait_for(count(runtime), 5) == [other, 2]
+            assert supervisor.pids().get(victim) is None or pinned not in supervisor.remote.live["counter"]
+            hold.unlink()
+            await wait_for(lambda: not supervisor.shards.faults.down, 15, "the replica back")
+            assert await count(runtime) == [pinned, 1]  # back on its own replica (a new process)
+            await assert_clean_everywhere(deployment)
+
+    asyncio.run(main())

@@ -23,11 +23,14 @@ KINDS = 21
 class Envelope:
     """One message between shards: which call, from whom, what, and the credit it carries (None: it starts no work)."""
 
-    __slots__ = ("call_id", "graph", "session", "sender", "kind", "body", "credit", "wire")
+    __slots__ = ("call_id", "graph", "session", "sender", "kind", "body", "credit", "down", "wire")
 
-    def __init__(self, call_id: int, graph: str, session: str, sender: int, kind: int, body: tuple, credit: Any):
+    def __init__(
+        self, call_id: int, graph: str, session: str, sender: int, kind: int, body: tuple, credit: Any, down: frozenset = frozenset()
+    ):
         self.call_id, self.graph, self.session, self.sender = call_id, graph, session, sender
         self.kind, self.body, self.credit = kind, body, credit
+        self.down = down  # the processes the call routes around (flowrt.control.shard_faults)
         self.wire: Any = None  # the body as the transport encoded it when it was sent (flowrt.deploy.peers)
 
 

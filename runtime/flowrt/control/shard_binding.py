@@ -39,7 +39,7 @@ class ShardBinding(RoleBinding):
             return 0, result, ()
         shards = self.shards
         call = shards.calls[call_id]
-        others = [p for p in shards.placement.hosts[self.name] if p != shards.me]
+        others = [p for p in shards.placement.hosts[self.name] if p != shards.me and p not in call.router.down]
         return BROADCAST, result, tuple(shards.extra(call, node, p, inputs) for p in others)
 
     async def _once(self, method: Any, node: NodeProgram, session: str, call_id: Any, graph: str, inputs: dict) -> Any:

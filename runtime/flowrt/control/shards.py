@@ -12,6 +12,9 @@ same local method runs (`Delivery.remote_*`). Where each goes (`ShardRouter._hos
   so every frame of one bucket meets in one process; a join: by hashing (call, node); an
   UNREACHABLE for a one-slot group: by hashing (call, node, group) (loops drop repeats there);
 - a frame that fires a one-slot group: the role's replicas in turn.
+A replica process that was down when the call was admitted is passed over: the work goes to
+another replica of the role (flowrt.control.shard_faults, which also finds the calls a process
+that goes down takes with it).
 Two processes' messages arrive in the order sent (one ZMQ connection; the tests' FIFO
 channels): a SLOT_EOS never overtakes its stream's frames, nor a caller's frame its sender's
 returned credit.
@@ -66,7 +69,6 @@ from flowrt.control.envelopes import (
     RELEASE,
     RESOLVE,
     RETURN,
-    TOUCHED,
     TOUCHED_ASK,
     UNREACHABLE,
     Envelope,
@@ -75,6 +77,7 @@ from flowrt.control.envelopes import (
 from flowrt.control.program import CALLER, DIRECT, JOIN, NodeProgram
 from flowrt.control.quiescence import Coordinator, Summary, floors, trivial
 from flowrt.control.sessions import apply_globals_changes
+from flowrt.control.shard_faults import Faults
 from flowrt.control.signals import Reason
 
 log = logging.getLogger("flowrt")
@@ -87,6 +90,9 @@ FORWARDS = 4096  # calls whose forgotten shard's last peer a process remembers (
 MAX_HOPS = 8  # credit handed on this many times goes to the gateway (two forgotten shards may point at each other)
 
 
+pick = Faults.pick
+
+
 def _hash(text: str) -> int:
     return zlib.crc32(text.encode())  # (the same in every process, whatever its hash seed)
 
@@ -96,7 +102,7 @@ class ShardRouter:
     bounds the gateway told it."""
 
     __slots__ = ("shards", "me", "gateway", "call_id", "graph", "session", "pin", "holding", "depth", "bounds")
-    __slots__ += ("sent_errors", "aborting", "coordinator", "reported", "last_peer", "told_gateway", "peers")
+    __slots__ += ("sent_errors", "aborting", "coordinator", "reported", "last_peer", "told_gateway", "peers", "down")
 
     def __init__(self, shards: Shards, call: Call):
         self.shards = shards
@@ -116,6 +122,7 @@ class ShardRouter:
         # it sent the gateway something that carries no credit (a caller's frame): its credit
         # must follow on the same channel, or the gateway could see the call complete first
         self.told_gateway = False
+        self.down = shards.faults.down  # the processes this call routes around (the gateway's, as it was admitted)
 
     def _host(self, node: NodeProgram, identity: tuple | None) -> int:
         if not node.interface:
@@ -124,15 +131,15 @@ class ShardRouter:
         if len(hosts) == 1:
             return hosts[0]
         if node.session:
-            return hosts[self.pin % len(hosts)]
-        if identity is None:  # a one-slot group fires: in turn (`lb broadcast`: replica 0 runs it, the others too)
+            return pick(hosts, self.pin, self.down)
+        if identity is None:  # a one-slot group fires: in turn (`lb broadcast`: the first replica up runs it, the others too)
             if self.shards.runtime.roles[node.role].lb == "broadcast":
-                return hosts[0]
-            return hosts[self.shards.turn(node.index) % len(hosts)]
-        return hosts[_hash(repr((self.call_id, identity))) % len(hosts)]
+                return pick(hosts, 0, self.down)
+            return pick(hosts, self.shards.turn(node.index), self.down)
+        return pick(hosts, _hash(repr((self.call_id, identity))), self.down)
 
     def send(self, dst: int, kind: int, body: tuple, work: bool = True) -> None:
-        envelope = Envelope(self.call_id, self.graph, self.session, self.me, kind, body, None)
+        envelope = Envelope(self.call_id, self.graph, self.session, self.me, kind, body, None, self.down)
         self.shards.encode(dst, envelope)  # (a value that cannot cross processes raises here, before credit moves)
         if work:
             envelope.credit = self.holding.give()
@@ -266,7 +273,7 @@ class Shards:
         self.aids = itertools.count(1)
         # call -> where its forgotten shard's work last went, and every process it went to
         self.forwards: OrderedDict[int, tuple[int, set[int]]] = OrderedDict()
-        self.asked: dict[int, tuple[set[int], set[int], asyncio.Future]] = {}  # TOUCHED_ASK: who is to answer, calls
+        self.faults = Faults(self)  # processes that go down: the calls they take with them, routing around them
         self.outbox: list[tuple[int, Envelope]] = []
         self.flushing = False
         self.closed: OrderedDict[int, None] = OrderedDict()
@@ -422,7 +429,7 @@ class Shards:
             self._extra(envelope)
             return
         if kind >= TOUCHED_ASK:
-            self._touched(envelope)
+            self.faults.receive(envelope)
             return
         if kind in (GLOBALS, EXTRA_DONE):
             waiter = self.fetches.get(body[0])
@@ -484,6 +491,7 @@ class Shards:
             program = self.runtime.programs[envelope.graph]
             call = Call(self.runtime, program, {}, envelope.session, envelope.call_id)
             self.attach(call)
+            call.router.down = envelope.down
         router = call.router
         router.depth += 1
         try:
@@ -529,60 +537,6 @@ class Shards:
         # (CREDIT: only its credit, taken above; RETURN's too)
         elif kind == CANCEL:
             call.cancel(body[0])
-
-    def touched(self, process: int) -> list[int]:
-        """The calls whose shards here (or forgotten ones' notes) sent work to `process`."""
-        calls = [call_id for call_id, call in self.calls.items() if process in call.router.peers]
-        return calls + [call_id for call_id, (_, peers) in self.forwards.items() if process in peers]
-
-    async def lost(self, process: int, role: str, message: str, wait: float = 1.0) -> None:
-        """The gateway's: `process` went down with whatever credit it held, so the calls that
-        sent it work can never be known complete: end each with an error of `role` saying
-        `message` (`touching` finds them)."""
-        self.end(await self.touching(process, wait), role, message)
-
-    async def touching(self, process: int, wait: float = 1.0) -> set[int]:
-        """The gateway's: the calls that sent `process` work, asked of every other process;
-        should one not answer within `wait` seconds, every call in flight (none may hang)."""
-        others = set(self.placement.processes) - {self.me, process}
-        waiter = asyncio.get_running_loop().create_future()
-        token = next(self.fetch_ids)
-        self.asked[token] = (set(others), set(self.touched(process)), waiter)
-        for other in sorted(others):
-            self.send(other, Envelope(0, "", "", self.me, TOUCHED_ASK, (token, process), None))
-        if not others:
-            waiter.set_result(None)
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), wait)
-            return self.asked[token][1]
-        except TimeoutError:
-            return set(self.calls)
-        finally:
-            self.asked.pop(token, None)
-
-    def end(self, call_ids: set[int], role: str, message: str) -> None:
-        """The gateway's: end the calls `call_ids` still in flight with an error of `role` saying `message`."""
-        for call_id in sorted(call_ids):
-            call = self.calls.get(call_id)
-            if call is not None and call.router.coordinator is not None and not call.ended:
-                call.fail(message, "")
-                call.errors[-1]["role"] = role
-                call.router.coordinator.finish(call)
-
-    def _touched(self, envelope: Envelope) -> None:
-        if envelope.kind == TOUCHED_ASK:
-            token, process = envelope.body
-            answer = Envelope(0, "", "", self.me, TOUCHED, (token, self.touched(process)), None)
-            self.send(envelope.sender, answer)
-            return
-        token, calls = envelope.body
-        asked = self.asked.get(token)
-        if asked is not None and self.me == self.placement.gateway:
-            waiting, touched, waiter = asked
-            waiting.discard(envelope.sender)
-            touched.update(calls)
-            if not waiting and not waiter.done():
-                waiter.set_result(None)
 
     def statistics(self) -> dict[str, int]:
         """Shards and abort marks held now (0 once every call has closed), and what they hold."""

@@ -69,7 +69,9 @@ class Peers:
             self.loop.call_soon(self.deliver, envelope)
             return
         credit = None if envelope.credit is None else envelope.credit.wire()
-        header = m.Shard(m.VERSION, envelope.call_id, envelope.graph, envelope.session, envelope.sender, envelope.kind, credit)
+        header = m.Shard(
+            m.VERSION, envelope.call_id, envelope.graph, envelope.session, envelope.sender, envelope.kind, credit, sorted(envelope.down)
+        )
         if envelope.wire is None:
             self.encode(envelope)
         frames = [m.encode(header), *envelope.wire]
@@ -129,6 +131,10 @@ class Peers:
         if header.sender not in self.placement.processes or not 0 <= header.kind < KINDS:
             self._garbage(f"a message from process {header.sender} of kind {header.kind}, which this deployment has not")
             return
+        down = frozenset(header.down)
+        if not down <= self.placement.processes:
+            self._garbage(f"a message routing around processes {sorted(down - self.placement.processes)}, which this deployment has not")
+            return
         try:
             share = None if header.credit is None else Credit.from_wire(*header.credit)
         except CreditError as error:
@@ -145,7 +151,7 @@ class Peers:
             kind, body = CREDIT, (MAX_HOPS,)  # the frame is lost, not its credit: the call still ends
         else:
             kind = header.kind
-        self.deliver(Envelope(header.call_id, header.graph, header.session, header.sender, kind, body, share))
+        self.deliver(Envelope(header.call_id, header.graph, header.session, header.sender, kind, body, share, down))
 
     def _garbage(self, why: str) -> None:
         self.garbage += 1

@@ -1,8 +1,9 @@
 """The gateway's side of a `local` (or local Ray) deployment whose calls are spread over the
 replica processes (FLOWRT_CONTROL=shards; flowrt.control.shards, docs/design/decentralised.md):
 where every process listens for its peers, the gateway's Shards and sockets, and what it does
-when a replica goes down. The calls that had sent it work end at once, naming it; a call that
-sends it work while it stays down waits, as under the gateway's control, for it to come back
+when a replica goes down. The calls that had sent it work end at once, naming it; calls
+admitted while it is down route around it to the role's other replicas; a call that sends it
+work (every replica of the role down) waits, as under the gateway's control, for it to come back
 (its messages queue on the socket until the new process binds the same endpoint) and ends once
 it has waited the deployment's replica wait (REPLICA_WAIT, $FLOWRT_REPLICA_WAIT) in vain,
 saying why. Owned by the supervisor (flowrt.deploy.local, .ray); imports no supervisor."""
@@ -61,7 +62,8 @@ class ShardGateway:
             return
         message = f"replica {replica} of role `{role}` went away: {reason}"  # (as flowrt.deploy.remote says it)
         number = 1 + self.supervisor.expected().index((role, replica))
-        self._spawn(self.shards.lost(number, role, message))
+        self.shards.faults.set_down(number, True)  # (calls admitted from now on route around it)
+        self._spawn(self.shards.faults.lost(number, role, message))
         if (role, replica) not in self.watches:
             watch = self.watches[(role, replica)] = asyncio.ensure_future(self._watch(role, replica, number))
             watch.add_done_callback(lambda _, key=(role, replica): self.watches.pop(key, None))
@@ -76,15 +78,16 @@ class ShardGateway:
         while True:
             await asyncio.sleep(MIN_SWEEP)
             if replica in remote.live.get(role, ()):
+                self.shards.faults.set_down(number, False)
                 return  # back: what queued for it is delivered to the new process
             wait = remote.wait
             if loop.time() - looked < wait:
                 continue
             looked = loop.time()
-            touched = set(await self.shards.touching(number))
+            touched = set(await self.shards.faults.touching(number))
             overdue = touched if wait <= MIN_SWEEP else touched & waiting
             if overdue:
-                self.shards.end(overdue, role, remote.not_up(role))
+                self.shards.faults.end(overdue, role, remote.not_up(role))
             waiting = touched - overdue
 
     def _spawn(self, work: Any) -> None:

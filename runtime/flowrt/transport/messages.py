@@ -128,6 +128,7 @@ class Shard(Message, tag="shard"):
     sender: int  # the sending process's number in the deployment's placement
     kind: int  # what it asks (flowrt.control.envelopes)
     credit: tuple[int | bytes, int] | None = None  # the share of the call's credit it carries (flowrt.control.credit)
+    down: list[int] = []  # the processes the call routes around (flowrt.control.shard_faults)
 
 
 # ── either way ──
