@@ -107,6 +107,10 @@ def test_broadcast_reaches_every_replica_process(sharded, tmp_path):
     test_local.test_broadcast_reaches_every_replica_process(tmp_path)
 
 
+def test_load_aware_sends_work_to_the_least_loaded_replica(sharded, tmp_path):
+    test_local.test_load_aware_sends_work_to_the_least_loaded_replica(tmp_path)
+
+
 def test_session_globals_carry_across_calls_and_processes(sharded, tmp_path):
     test_local.test_session_globals_carry_across_calls_and_processes(tmp_path)
 

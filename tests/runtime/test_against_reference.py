@@ -8,7 +8,7 @@ import asyncio
 import copy
 import random
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -36,6 +36,7 @@ class Spec:
     session: list[bool]
     replicas: list[int]
     ordered: tuple[str, ...] | None = None  # fields streamed `ordered` (None: chosen by the seed)
+    load_aware: list[bool] = field(default_factory=list)  # roles with `lb load_aware` (none where empty)
 
     def text(self) -> str:
         lines = ["placeholder request: Json", ""]
@@ -44,6 +45,8 @@ class Spec:
             lines += [f"role r{i} {{", f'    impl "m:R{i}"', f"    replicas {self.replicas[i]}"]
             if self.session[i]:
                 lines.append("    lb session")
+            elif i < len(self.load_aware) and self.load_aware[i]:
+                lines.append("    lb load_aware")
             lines += [
                 "    interface run {",
                 f"        in  {groups}",
@@ -96,7 +99,8 @@ def specs(draw, back_edges: bool) -> Spec:
         join = draw(st.lists(st.sampled_from(sorted({f for o in outputs for f in o})), min_size=1, max_size=2, unique=True))
     session = [draw(st.integers(0, 3)) == 0 for _ in range(n)]
     replicas = [draw(st.integers(1, 3)) for _ in range(n)]
-    return Spec(outputs, stream, groups, join, session, replicas)
+    load_aware = [not pinned and draw(st.integers(0, 3)) == 0 for pinned in session]
+    return Spec(outputs, stream, groups, join, session, replicas, load_aware=load_aware)
 
 
 def depth_of(value) -> int:

@@ -17,7 +17,9 @@ GLOBALS_GET, GLOBALS, GLOBALS_PUT = range(14, 17)
 EXTRA, EXTRA_DONE = range(17, 19)
 # a process went down: which calls sent it work, asked of every other process, and the answer
 TOUCHED_ASK, TOUCHED = range(19, 21)
-KINDS = 21
+# an activation of `lb load_aware` work a process sent has ended (flowrt.control.shard_loads)
+LOAD_DONE = 21
+KINDS = 22
 
 
 class Envelope:

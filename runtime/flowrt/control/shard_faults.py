@@ -41,6 +41,8 @@ class Faults:
     def set_down(self, process: int, down: bool) -> None:
         """The gateway's: `process` went down (or is back); calls admitted from now on route so."""
         self.down = self.down | {process} if down else self.down - {process}
+        if down:
+            self.shards.loads.forget(process)
 
     @staticmethod
     def pick(hosts: tuple[int, ...], number: int, down: frozenset[int]) -> int:

@@ -66,6 +66,7 @@ from flowrt.control.envelopes import (
     GLOBALS_GET,
     GLOBALS_PUT,
     JOIN_FRAME,
+    LOAD_DONE,
     RELEASE,
     RESOLVE,
     RETURN,
@@ -78,6 +79,7 @@ from flowrt.control.program import CALLER, DIRECT, JOIN, NodeProgram
 from flowrt.control.quiescence import Coordinator, Summary, floors, trivial
 from flowrt.control.sessions import apply_globals_changes
 from flowrt.control.shard_faults import Faults
+from flowrt.control.shard_loads import Loads
 from flowrt.control.signals import Reason
 
 log = logging.getLogger("flowrt")
@@ -133,8 +135,11 @@ class ShardRouter:
         if node.session:
             return pick(hosts, self.pin, self.down)
         if identity is None:  # a one-slot group fires: in turn (`lb broadcast`: the first replica up runs it, the others too)
-            if self.shards.runtime.roles[node.role].lb == "broadcast":
+            lb = self.shards.runtime.roles[node.role].lb
+            if lb == "broadcast":
                 return pick(hosts, 0, self.down)
+            if lb == "load_aware":
+                return self.shards.loads.pick(hosts, self.shards.turn(node.index), self.down)
             return pick(hosts, self.shards.turn(node.index), self.down)
         return pick(hosts, _hash(repr((self.call_id, identity))), self.down)
 
@@ -185,7 +190,12 @@ class ShardRouter:
         return True
 
     def direct(self, call: Call, edge: Any, value: Any, roots: tuple, order: tuple) -> bool:
-        host = self._host(edge.node, None)
+        node = edge.node
+        host = self._host(node, None)
+        if self.shards.load_aware(node):
+            self.shards.loads.sending(host)
+            if host == self.me:
+                self.shards.loads.given_by(self.call_id, node.index, self.me)
         if host == self.me:
             return False
         self.send(host, FIRE, (edge.index, value, roots, order))
@@ -274,6 +284,7 @@ class Shards:
         # call -> where its forgotten shard's work last went, and every process it went to
         self.forwards: OrderedDict[int, tuple[int, set[int]]] = OrderedDict()
         self.faults = Faults(self)  # processes that go down: the calls they take with them, routing around them
+        self.loads = Loads(self)  # `lb load_aware`: what this process sent where, and who sent what here
         self.outbox: list[tuple[int, Envelope]] = []
         self.flushing = False
         self.closed: OrderedDict[int, None] = OrderedDict()
@@ -284,6 +295,10 @@ class Shards:
         # for the first activation here to ask before anything here changes them
         self.prefetched: dict[int, dict] = {}
         self.floors: dict[str, tuple[tuple, ...]] = {}  # graph -> its order consumers' floors
+
+    def load_aware(self, node: NodeProgram) -> bool:
+        """Whether `node`'s work is balanced by load (shard_loads): `lb load_aware` over several replicas."""
+        return bool(node.interface) and len(self.placement.hosts[node.role]) > 1 and self.runtime.roles[node.role].lb == "load_aware"
 
     def forget(self, call_id: int, peer: int, peers: set[int]) -> None:
         self.calls.pop(call_id, None)
@@ -428,6 +443,9 @@ class Shards:
         if kind == EXTRA:
             self._extra(envelope)
             return
+        if kind == LOAD_DONE:
+            self.loads.done(envelope.sender)
+            return
         if kind >= TOUCHED_ASK:
             self.faults.receive(envelope)
             return
@@ -458,6 +476,7 @@ class Shards:
             self.prefetched.pop(envelope.call_id, None)
             self.forwards.pop(envelope.call_id, None)
             self.aborted.discard(envelope.call_id)
+            self.loads.closed(envelope.call_id)
             self.closed[envelope.call_id] = None
             if len(self.closed) > CLOSED:
                 self.closed.popitem(last=False)
@@ -492,6 +511,8 @@ class Shards:
             call = Call(self.runtime, program, {}, envelope.session, envelope.call_id)
             self.attach(call)
             call.router.down = envelope.down
+            for process in envelope.down:
+                self.loads.forget(process)
         router = call.router
         router.depth += 1
         try:
@@ -515,7 +536,10 @@ class Shards:
         elif kind == UNREACHABLE:
             call.remote_unreachable(program.edges[body[0]], *body[1:])
         elif kind == FIRE:
-            call.remote_direct(program.edges[body[0]], *body[1:])
+            edge = program.edges[body[0]]
+            if self.load_aware(edge.node):
+                self.loads.given_by(call.call_id, edge.node.index, envelope.sender)
+            call.remote_direct(edge, *body[1:])
         elif kind == JOIN_FRAME:
             call.remote_join(program.nodes[body[0]], body[1], body[2])
         elif kind == CALLER_FRAME:
@@ -546,6 +570,7 @@ class Shards:
             "fetches": len(self.fetches),
             "broadcasts": len(self.extras),
             "prefetched_globals": len(self.prefetched),
+            **self.loads.statistics(),
         }
         for call in self.calls.values():
             for key, value in call.statistics().items():

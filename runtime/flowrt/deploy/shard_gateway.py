@@ -51,9 +51,16 @@ class ShardGateway:
         self.peers = Peers(supervisor.keys, "gateway", 0, endpoints_of(config), placement, "the gateway")
         self.shards = runtime.shards = Shards(runtime, 0, placement, self.peers.send, self.peers.encode)
         self.peers.deliver = self.shards.receive
+        self.shards.loads.reported = self._reported
         self.peers.decoder = (
             supervisor.remote.decoder
         )  # (a tensor a replica sends the caller: adopted, as under the gateway's control)
+
+    def _reported(self, process: int) -> float:
+        """What process `process`'s last heartbeat said it had queued and running (`lb load_aware`)."""
+        expected = self.supervisor.expected()
+        link = self.supervisor.remote.links.get(expected[process - 1]) if 0 < process <= len(expected) else None
+        return 0.0 if link is None else float(link.record.queued + link.record.running)
 
     def lost(self, role: str, replica: int, reason: str) -> None:
         """Replica `replica` of `role` went down: end the calls that sent it work, and watch the
