@@ -243,6 +243,44 @@ def test_session_globals_carry_across_calls_and_processes(tmp_path):
     asyncio.run(main())
 
 
+def test_what_every_broadcast_replica_sets_in_the_session_globals_is_kept(tmp_path):
+    flow = """
+    placeholder request: Json
+
+    global history: History {
+        max_turns 4
+    }
+    role log {
+        impl "roles:Log"
+        replicas 3
+        lb broadcast
+        uses history
+        interface run { in request  out logged: Json }
+    }
+    graph g {
+        entry request
+        return logged
+    }
+    """
+    roles = """
+    class Log:
+        async def run(self, ctx, request):
+            seen = sorted(ctx.globals["history"])
+            ctx.globals["history"][f"replica {ctx.replica}"] = request
+            return {"logged": seen}
+    """
+    bundle = bundle_with_roles(flow, roles, tmp_path)
+
+    async def main():
+        async with deployed(bundle) as deployment:
+            first = await calls(deployment.runtime, "g", {"request": 1}, session="s")
+            second = await calls(deployment.runtime, "g", {"request": 2}, session="s")
+            assert first[0]["value"] == []
+            assert second[0]["value"] == ["replica 0", "replica 1", "replica 2"]  # each replica's entry was kept
+
+    asyncio.run(main())
+
+
 def test_sockets_are_private_to_the_user(tmp_path):
     bundle = bundle_with_roles(PIDS.replace("LB", "round_robin"), WHO, tmp_path)
 

@@ -111,6 +111,10 @@ def test_load_aware_sends_work_to_the_least_loaded_replica(sharded, tmp_path):
     test_local.test_load_aware_sends_work_to_the_least_loaded_replica(tmp_path)
 
 
+def test_what_every_broadcast_replica_sets_in_the_session_globals_is_kept(sharded, tmp_path):
+    test_local.test_what_every_broadcast_replica_sets_in_the_session_globals_is_kept(tmp_path)
+
+
 def test_session_globals_carry_across_calls_and_processes(sharded, tmp_path):
     test_local.test_session_globals_carry_across_calls_and_processes(tmp_path)
 

@@ -77,7 +77,7 @@ from flowrt.control.envelopes import (
 )
 from flowrt.control.program import CALLER, DIRECT, JOIN, NodeProgram
 from flowrt.control.quiescence import Coordinator, Summary, floors, trivial
-from flowrt.control.sessions import apply_globals_changes
+from flowrt.control.sessions import apply_globals_changes, globals_changes, snapshot_globals
 from flowrt.control.shard_faults import Faults
 from flowrt.control.shard_loads import Loads
 from flowrt.control.signals import Reason
@@ -406,14 +406,16 @@ class Shards:
 
     async def extra(self, call: Call, node: NodeProgram, dst: int, inputs: dict) -> None:
         """Run an `lb broadcast` activation on process `dst` too, and wait for its end (its
-        frames are not used; a failure there fails the activation here)."""
+        frames are not used; a failure there fails the activation here; what it changed in the
+        session's globals goes to the gateway from here, before this activation's end)."""
         number = next(self.fetch_ids)
         waiter = self.fetches[number] = asyncio.get_running_loop().create_future()
         call.router.send(dst, EXTRA, (number, node.index, inputs), work=False)
         try:
-            failed = await waiter
+            failed, changes = await waiter
         finally:
             self.fetches.pop(number, None)
+        self.commit(call.call_id, changes)
         if failed is not None:
             raise RemoteFailure(*failed)
 
@@ -423,15 +425,18 @@ class Shards:
         binding = node.binding
 
         async def run() -> None:
-            failed = None
+            failed = before = None
+            uses: Any = NO_GLOBALS
             try:
-                # (its own copy of the session's globals; what it changes there is not kept)
+                # (its own copy of the session's globals; what it changes goes back with its end)
                 uses = await self.fetch(envelope.call_id, binding.uses, envelope) if binding.uses else NO_GLOBALS
+                before = snapshot_globals(uses)
                 ctx = binding.context(node, envelope.session, envelope.call_id, envelope.graph, uses)
                 await bounds.drain(node.methods[0](ctx, **inputs))
             except Exception as error:  # noqa: BLE001 - told to the replica that asked, as its own role's failure
                 failed = failure(error, None, self.runtime.bundle.python_path)
-            done = Envelope(envelope.call_id, envelope.graph, envelope.session, self.me, EXTRA_DONE, (number, failed), None)
+            ended = (number, (failed, globals_changes(before, uses)))
+            done = Envelope(envelope.call_id, envelope.graph, envelope.session, self.me, EXTRA_DONE, ended, None)
             self.send(envelope.sender, done)
 
         task = asyncio.ensure_future(run())
