@@ -4,17 +4,23 @@ and `event_json`, the one line an event prints as (`flowc run --once` and the HT
 
 With `media=True`, a value that has a `media()` method (flowstd's images and audio) is carried in
 full instead: `media()` gives `{"format": "png" | "wav", "base64": ..., ...}` (flowrt.media.carried).
-Summaries stay the default; a failing `media()` is described like a failing `summary()`."""
+Summaries stay the default; a failing `media()` is described like a failing `summary()`.
+
+`json_text` is how every front door writes JSON: a float that is NaN or infinite, which JSON
+cannot spell (Python's `json` would write `NaN`, which parsers refuse), is written as `null`,
+as JavaScript's `JSON.stringify` does."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 # one encoder for every event: json.dumps with non-default options builds a new one per call;
 # summaries are trees (depth-limited), so the circular-reference check is not needed
-_ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
+_ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False, allow_nan=False).encode
+_ENCODE_ASCII = json.JSONEncoder(check_circular=False, allow_nan=False).encode
 
 
 def _plain(mapping: dict) -> bool:
@@ -55,4 +61,24 @@ def summarize(value: Any, depth: int = 0, *, media: bool = False) -> Any:
 def event_json(event: dict[str, Any], *, media: bool = False) -> str:
     """One event as one line of JSON (no newline): its values summarised, or with `media` its
     images and audio in full (see the module docstring)."""
-    return _ENCODE(summarize(event, media=media))
+    return json_text(summarize(event, media=media))
+
+
+def json_text(value: Any, *, ascii: bool = False) -> str:
+    """`value` (JSON types) as JSON text every parser reads: NaN and the infinities as `null`.
+    `ascii`: every character past ASCII (and a lone surrogate) written as a `\\u` escape."""
+    encode = _ENCODE_ASCII if ascii else _ENCODE
+    try:
+        return encode(value)
+    except ValueError:  # (only a float JSON cannot spell raises it: the rest is written as it is)
+        return encode(_finite(value))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value

@@ -31,7 +31,6 @@ whose middleware checks API keys first (flowrt.gateway.access).
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import time
 import uuid
@@ -58,7 +57,7 @@ from flowrt.gateway.openai_request import (
     parse_request,
     served,
 )
-from flowrt.values import summarize
+from flowrt.values import json_text, summarize
 
 log = logging.getLogger("flowrt.gateway")
 SSE = "text/event-stream"
@@ -264,7 +263,8 @@ class Reply:
             message["audio"] = {"id": self.audio_id, "data": data, "expires_at": expires, "transcript": text}
             message["audio"]["sample_rate"] = self.answer.sample_rate or AUDIO_RATE  # (not OpenAI's: its rate is fixed)
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-        return web.json_response(self._object("chat.completion", [choice], usage=self.usage(), flow=self.answer.flow))
+        body = self._object("chat.completion", [choice], usage=self.usage(), flow=self.answer.flow)
+        return web.json_response(body, dumps=json_text)
 
     async def streamed(self, request: web.Request, events: AsyncIterator[list[dict]]) -> web.StreamResponse:
         """The call as SSE chunks, started by its first text piece: a call that fails before
@@ -337,9 +337,9 @@ DONE = b"data: [DONE]\n\n"
 
 def _sse(body: dict[str, Any]) -> bytes:
     try:
-        return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+        return b"data: " + json_text(body).encode() + b"\n\n"
     except UnicodeEncodeError:  # a lone surrogate (JSON allows "\ud800"; UTF-8 does not): sent escaped, as JSON allows
-        return b"data: " + json.dumps(body).encode() + b"\n\n"
+        return b"data: " + json_text(body, ascii=True).encode() + b"\n\n"
 
 
 # ── the routes ──

@@ -28,7 +28,7 @@ from flowrt.control import BadInputs, UnknownGraph
 from flowrt.gateway.exposure import client_events
 from flowrt.gateway.openai import ChatEndpoint, call_error
 from flowrt.gateway.openai_request import ChatError, check_depth, kind_of, session_of
-from flowrt.values import summarize
+from flowrt.values import json_text, summarize
 
 MAX_SPEECH_INPUT = 4096  # characters of `input`, as OpenAI's
 MAX_EMBEDDING_INPUTS = 2048  # texts in one embeddings request, as OpenAI's
@@ -166,7 +166,7 @@ class MediaEndpoints:
                 data.append({"object": "embedding", "index": index, "embedding": shown})
                 prompt_tokens += outcome.prompt_tokens
             usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
-            return web.json_response({"object": "list", "data": data, "model": target.graph, "usage": usage})
+            return web.json_response({"object": "list", "data": data, "model": target.graph, "usage": usage}, dumps=json_text)
 
         # one place for the request: its texts' calls run under it, EMBEDDING_CALLS at a time
         return await self.v1.admitted(request, session, answer)

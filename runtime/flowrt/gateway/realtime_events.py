@@ -25,7 +25,7 @@ from flowrt import media
 from flowrt.gateway.exposure import hide_paths
 from flowrt.gateway.openai_request import TokenCounts
 from flowrt.gateway.realtime_vad import TurnDetection
-from flowrt.values import summarize
+from flowrt.values import json_text, summarize
 
 EventId = Annotated[str, msgspec.Meta(max_length=512)]
 RATES = (24_000, 16_000)  # the PCM16 rates a session's audio may have (OpenAI's is 24 kHz; 16 kHz is this endpoint's own)
@@ -488,7 +488,7 @@ def pcm16_at(value: Any, rate: int, name: str) -> bytes:
 
 def event(kind: str, **fields: Any) -> str:
     """One server event as the text of a message, with an `event_id` of its own."""
-    return json.dumps({"type": kind, "event_id": new_id("event"), **fields})  # (ASCII: a lone surrogate is escaped)
+    return json_text({"type": kind, "event_id": new_id("event"), **fields}, ascii=True)  # (a lone surrogate is escaped)
 
 
 def error_event(error: RealtimeError) -> str:
