@@ -168,4 +168,7 @@ def test_audio_encoder_batch_bench_compares_both_ways():
     pytest.importorskip("torch", reason="the voice models need torch: pip install 'flowc[models]'")
     result = run("bench/audio_encoder_batch.py", "--clips", "1,3", "--rounds", "2")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert [line.split("|")[1].strip() for line in result.stdout.splitlines() if line.startswith("| ") and "x |" in line] == ["1", "3"]
+    assert [line.split("|")[1].strip() for line in result.stdout.splitlines() if line.startswith("| ") and "x |" in line] == [
+        "1",
+        "3",
+    ]

@@ -1,9 +1,8 @@
 """The bundle of a graph with a streaming entry (`placeholder stream`): graphs.py and plan.json
 record it (`entry_stream`, the placeholder node's `stream`), flowrt reads it back
 (`flowrt.tables.entry_stream`) and runs it in process (`flowc run --once` takes the list of its
-frames; served over HTTP, POST takes the list and the WebSocket endpoint the frames one by one);
-calls spread over the replica processes (FLOWRT_CONTROL=shards) refuse it in one line that names
-the graph, the entry and what to do."""
+frames; served over HTTP, POST takes the list and the WebSocket endpoint the frames one by one).
+Under `--deploy local`, with either control, tests/deploy/test_streaming_local.py runs it."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from flowc.check import check_file
 from flowc.codegen import build_bundle
 from flowrt.bundle import BundleError, load_bundle, refuse_streaming_entries
 from flowrt.control import Runtime
-from flowrt.deploy import open_deployment
 from flowrt.gateway import application
 from flowrt.tables import TableError, entry_stream
 from tests.conftest import REPO
@@ -71,20 +69,6 @@ def test_flowrt_loads_it_and_knows_which_entries_stream(bundle):
     assert loaded.plan["graphs"]["talk"]["entry_stream"] == ["audio_in"]
     talk = dict(loaded.plan["graphs"]["talk"], entry_stream=[])
     refuse_streaming_entries(dataclasses.replace(loaded, plan={**loaded.plan, "graphs": {"talk": talk}}), "served over HTTP")
-
-
-REFUSED = (
-    "graph `talk` streams `audio_in`: a streaming entry cannot take its frames on calls spread over the replica "
-    "processes (FLOWRT_CONTROL=shards) yet; unset FLOWRT_CONTROL, or declare the placeholder without `stream`"
-)
-
-
-@pytest.mark.parametrize("deploy", ["local", "ray"])
-def test_calls_spread_over_the_replicas_refuse_it_before_starting_anything(bundle, deploy, monkeypatch):
-    monkeypatch.setenv("FLOWRT_CONTROL", "shards")
-    with pytest.raises(BundleError) as refused:
-        asyncio.run(open_deployment(OUT, deploy))
-    assert str(refused.value) == f"{OUT}: " + REFUSED
 
 
 def test_the_http_gateway_serves_it(bundle):

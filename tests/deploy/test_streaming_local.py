@@ -1,9 +1,12 @@
-"""Streaming entries (`placeholder stream`) under `--deploy local`: the gateway process feeds
-the entry's frames to the call's control core, whose consumers run in replica processes. The
-events equal the reference interpreter's for random chunkings (random programs and the
-hand-written topologies of the in-process test, both ways of sending: `start` and `call`); a
-call cancelled mid-input frees everything in every process; and the shard control, which
-cannot take an entry's frames yet, is refused in one line before a process starts."""
+"""Streaming entries (`placeholder stream`) under `--deploy local`, under both controls: the
+gateway process feeds the entry's frames to the call's control core, whose consumers run in
+replica processes (the gateway's control), or sends them to the consumers' replicas, which run
+the call among themselves (FLOWRT_CONTROL=shards). The events equal the reference
+interpreter's for random chunkings (random programs and the hand-written topologies of the
+in-process test, both ways of sending: `start` and `call`); an ordered stream fed by the input
+flows while the input is still open; a call cancelled mid-input frees everything in every
+process; a replica killed mid-input fails its frame (the gateway's control) or the call (the
+spread control, which ends every call that sent the replica work), and the session goes on."""
 
 from __future__ import annotations
 
@@ -15,12 +18,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrt.bundle import BundleError
 from tests.deploy.helpers import assert_clean_everywhere, bundle_with_roles, deployed, wait_for
 from tests.runtime.test_against_reference import SETTINGS
 from tests.runtime.test_streaming_reference import MODES, check_hand, check_spec, chunkings, streaming_specs
 
 LOCAL = settings(SETTINGS, max_examples=3)  # (each example starts a process per replica)
+
+
+@pytest.fixture(autouse=True, params=["gateway", "shards"])
+def control(request, monkeypatch) -> str:
+    """Every test here runs under both controls."""
+    if request.param == "shards":
+        monkeypatch.setenv("FLOWRT_CONTROL", "shards")
+    else:
+        monkeypatch.delenv("FLOWRT_CONTROL", raising=False)
+    return request.param
 
 
 @LOCAL
@@ -130,8 +142,9 @@ def test_a_call_cancelled_mid_input_frees_everything_in_every_process(tmp_path):
     assert [e["value"] for e in second if e["event"] == "return"] == ["again"]
 
 
-def test_a_replica_killed_mid_input_fails_its_frame_and_the_input_goes_on(tmp_path):
+def test_a_replica_killed_mid_input_fails_its_frame_and_the_input_goes_on(tmp_path, control):
     bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
+    spread = control == "shards"
 
     async def main():
         async with deployed(bundle, heartbeat_ttl=1.0) as deployment:
@@ -147,12 +160,18 @@ def test_a_replica_killed_mid_input_fails_its_frame_and_the_input_goes_on(tmp_pa
             await call.send("audio_in", "slow chunk")
             await wait_for(lambda: any(e.get("value", "").startswith("pid ") for e in events), 20, "the slow chunk running")
             (where,) = [e["value"] for e in events if e.get("value", "").startswith("pid ")]
+            loop = asyncio.get_running_loop()
+            killed = loop.time()
             os.kill(int(where.split()[1]), signal.SIGKILL)
+            if spread:  # the call sent the replica work: it ends, within the heartbeat TTL and a second
+                await asyncio.wait_for(reading, 30)
+                assert loop.time() - killed < 1.0 + 1.0
             await wait_for(lambda: len(supervisor.remote.live["listener"]) == 1, 20, "the killed replica seen down")
-            for chunk in ("after the", "kill"):  # (to the replica left, until the other is back)
-                await call.send("audio_in", chunk)
-            await call.end("audio_in")
-            await asyncio.wait_for(reading, 30)
+            if not spread:
+                for chunk in ("after the", "kill"):  # (to the replica left, until the other is back)
+                    await call.send("audio_in", chunk)
+                await call.end("audio_in")
+                await asyncio.wait_for(reading, 30)
             await wait_for(lambda: supervisor.restarted == 1 and len(supervisor.remote.live["listener"]) == 2, 20, "restart")
             again = await asyncio.wait_for(_events_of(runtime.start("g", {}, session="s1"), ["back again"]), 20)
             await assert_clean_everywhere(deployment)
@@ -160,23 +179,14 @@ def test_a_replica_killed_mid_input_fails_its_frame_and_the_input_goes_on(tmp_pa
 
     events, again = asyncio.run(main())
     done = events[-1]
-    assert done["event"] == "done" and done["missing"] == []  # (the stream's error leaves `recording` whole)
     (error,) = done["errors"]
-    assert error["role"] == "listener" and "killed by SIGKILL" in error["message"]
-    assert [e["value"] for e in events if e["event"] == "stream"][1:] == ["after", "the", "kill"]  # the rest ran
+    assert error["role"] == "listener" and "killed by SIGKILL" in error["message"], error
+    if spread:
+        assert done["status"] == "error" and "replica" in error["message"], done
+    else:
+        assert done["event"] == "done" and done["missing"] == []  # (the stream's error leaves `recording` whole)
+        assert [e["value"] for e in events if e["event"] == "stream"][1:] == ["after", "the", "kill"]  # the rest ran
     assert [e["value"] for e in again if e["event"] == "return"] == ["back again"]
-
-
-def test_the_shard_control_refuses_a_streaming_entry_before_a_process_starts(tmp_path, monkeypatch):
-    bundle = bundle_with_roles(FLOW, ROLES, tmp_path)
-    monkeypatch.setenv("FLOWRT_CONTROL", "shards")
-
-    async def main():
-        async with deployed(bundle):
-            pass
-
-    with pytest.raises(BundleError, match=r"graph `g` streams `audio_in`.*FLOWRT_CONTROL=shards"):
-        asyncio.run(main())
 
 
 async def _events(call) -> list[dict]:

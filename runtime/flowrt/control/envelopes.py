@@ -28,7 +28,15 @@ class Envelope:
     __slots__ = ("call_id", "graph", "session", "sender", "kind", "body", "credit", "down", "wire")
 
     def __init__(
-        self, call_id: int, graph: str, session: str, sender: int, kind: int, body: tuple, credit: Any, down: frozenset = frozenset()
+        self,
+        call_id: int,
+        graph: str,
+        session: str,
+        sender: int,
+        kind: int,
+        body: tuple,
+        credit: Any,
+        down: frozenset = frozenset(),
     ):
         self.call_id, self.graph, self.session, self.sender = call_id, graph, session, sender
         self.kind, self.body, self.credit = kind, body, credit

@@ -76,6 +76,8 @@ class Coordinator:
         """The call is cancelled: every process hears it; should its credit not all be back
         within ABORT_GRACE seconds (a role that ignores its cancellation), the call ends anyway."""
         router = self.router
+        if call.ended:  # (its end, just now, told every process: the caller's open inputs ended with it)
+            return
         self.aborted = True
         for process in sorted(router.shards.placement.processes - {router.me}):
             router.send(process, ABORT, (), work=False)
@@ -88,8 +90,13 @@ class Coordinator:
             self.finish(call)
 
     def quiet(self, call: Call) -> None:
+        """Decide what the in-process core decides at quiescence, once all the credit is back.
+        While the caller still feeds streaming entries, their activations are all that runs:
+        what they will send has keys past what they sent, so held work below that may go
+        (RELEASE), but no join they feed resolves and the call does not end."""
         router = self.router
-        if router.depth or call.running or call.phantoms or call.ended or router.holding.held != ONE:
+        feeding = len(call.entries) if call.entries else 0
+        if router.depth or call.running != feeding or call.phantoms or call.ended or router.holding.held != ONE:
             return
         summaries = [*self.summaries.values(), Summary(call)]
         if call.cancelled:
@@ -120,7 +127,7 @@ class Coordinator:
                 host = router._host(node, None)
                 router.send(host, RELEASE, (consumer.index, bound, router.shards.globals_for(call, node, host)))
             released = True
-        if not released:
+        if not released and not feeding:
             log.error("call %s: %d activations held and none may run (a flowrt bug)", call.call_id, call.in_flight)
             call.fail(BLOCKED, "flowrt")
             self.finish(call)
@@ -133,49 +140,56 @@ class Coordinator:
             self.grace = None
         call.finish_call()
         shards.calls.pop(router.call_id, None)
-        targets = shards.placement.processes if self.aborted else self.summaries.keys()
+        # (a cancelled call may end before its abort went out: every process may hold some of it)
+        targets = shards.placement.processes if self.aborted or call.cancelled else self.summaries.keys()
         for process in sorted(set(targets) - {router.me}):
             router.send(process, CLOSE, (), work=False)
 
 
 def floors(program: GraphProgram) -> tuple[tuple, ...]:
     """For each order consumer, a key no frame reaching it can be below, known from the graph
-    alone: (0,) where nothing that feeds it directly can send the empty key (what it is fed
-    comes out of a stream, keyed (i, ...), or a session node, keyed (n,), or from nodes that
-    only ever get such keys), else the empty key. A shard lets through what is at or below it
-    without the gateway's word, so the first segment of a stream need not wait for the call
-    to be quiet."""
+    alone: keys are tuples of counts (from 0) compared in order, so where every frame that can
+    reach the consumer has a key of at least L parts, none is below (0,) * L. What a node sends
+    is keyed: the empty key from the entry and from a join; (j,) from a streaming entry; (n,)
+    from a session node; its activation's key and (i,) from a node that streams; its
+    activation's key otherwise. A shard lets through what is at or below the floor without
+    the gateway's word, so the first segment of a stream (and the first frames a stream makes
+    of it) need not wait for the call to be quiet."""
     nodes = program.nodes
-    succs: list[set[int]] = [set() for _ in nodes]
     feeds: list[set[int]] = [set() for _ in program.streams]  # stream -> the nodes producing it
     preds: list[set[int]] = [set() for _ in nodes]
     for node in nodes:
         for route in node.routes:
             for edge in route.edges:
                 if edge.node is not None:
-                    succs[node.index].add(edge.node.index)
                     preds[edge.node.index].add(node.index)
                 elif edge.stream >= 0:
                     feeds[edge.stream].add(node.index)
-
-    def renumbers(index: int) -> bool:  # its frames' keys are (i, ...) or (n,) whatever its own
-        node = nodes[index]
-        return bool(node.interface and (node.stream or node.session))
-
-    # nodes that can send the empty key: a role-less node (the entry), a join (its activation
-    # has the empty key), and what they reach through nodes that keep keys
-    empty: set[int] = set()
-    stack = [n.index for n in nodes if not n.interface or n.join is not None]
-    while stack:
-        index = stack.pop()
-        if index in empty or renumbers(index):
-            continue
-        empty.add(index)
-        stack.extend(succs[index])
+    entries = {node.index for node in program.entry_nodes.values()}
+    unknown = len(nodes) + 1  # (more parts than any key has: not reached yet)
+    parts = [unknown] * len(nodes)  # node -> the fewest parts a key of what it sends can have
+    changed = True
+    while changed:  # (only ever lowered, at most to 0: ends, loops included)
+        changed = False
+        for node in nodes:
+            index = node.index
+            if not node.interface:
+                least = 1 if index in entries else 0
+            elif node.join is not None:
+                least = 0
+            elif node.session:
+                least = 1
+            else:
+                fed = min((parts[p] for p in preds[index]), default=unknown)
+                least = min(unknown, fed + 1) if node.stream else fed
+            if least < parts[index]:
+                parts[index] = least
+                changed = True
     result = []
     for consumer in program.consumers:
         fed_by = feeds[consumer.target] if consumer.kind == ORDERED_STREAM else preds[consumer.target]
-        result.append(() if consumer.join_resets or fed_by & empty else (0,))
+        least = min((parts[p] for p in fed_by), default=0)
+        result.append(() if consumer.join_resets or least >= unknown else (0,) * least)
     return tuple(result)
 
 

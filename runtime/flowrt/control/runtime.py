@@ -323,10 +323,6 @@ class Runtime:
         program, checked = self.check_inputs(graph, inputs, fed=True)
         deadline = self._deadline(program, timeout)
         self._check_session(program, session, interrupt)
-        if self.shards is not None and program.entry_stream:
-            raise FlowrtError(
-                f"graph `{graph}`: streaming entries do not run on calls spread over processes yet; unset FLOWRT_CONTROL"
-            )
         return CallHandle(self, program, checked, session, deadline, observer, interrupt)
 
     async def _batches(

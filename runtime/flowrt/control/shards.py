@@ -298,7 +298,9 @@ class Shards:
 
     def load_aware(self, node: NodeProgram) -> bool:
         """Whether `node`'s work is balanced by load (shard_loads): `lb load_aware` over several replicas."""
-        return bool(node.interface) and len(self.placement.hosts[node.role]) > 1 and self.runtime.roles[node.role].lb == "load_aware"
+        return (
+            bool(node.interface) and len(self.placement.hosts[node.role]) > 1 and self.runtime.roles[node.role].lb == "load_aware"
+        )
 
     def forget(self, call_id: int, peer: int, peers: set[int]) -> None:
         self.calls.pop(call_id, None)
@@ -530,6 +532,8 @@ class Shards:
             call.launch_ready()
             if call.running == 0 and call.phantoms == 0:
                 router.idle(call)
+            elif router.coordinator is not None and call.entries and call.running == len(call.entries):
+                router.coordinator.quiet(call)  # only the caller's open inputs run: decide what may go meanwhile
 
     def _apply(self, call: Call, envelope: Envelope) -> None:
         kind, body = envelope.kind, envelope.body

@@ -27,10 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowrt.bundle import load_bundle, refuse_streaming_entries
+from flowrt.bundle import load_bundle
 from flowrt.control import Runtime
 from flowrt.deploy import kvpools
-from flowrt.deploy.local import CONTROL_ENV, DeployError, LocalSupervisor, shards_wanted
+from flowrt.deploy.local import DeployError, LocalSupervisor
 from flowrt.logs import CallLog, log_format
 from flowrt.observe import combine
 from flowrt.options import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
@@ -163,9 +163,6 @@ async def _open(
             progress("ready", role, replica)
         return Deployment(kind, runtime, memory=memory)
     bundle = load_bundle(Path(path))
-    if shards_wanted(bundle):  # (the gateway control feeds an entry's frames to its core like any producer's)
-        how, fix = f"on calls spread over the replica processes ({CONTROL_ENV}=shards)", f"unset {CONTROL_ENV}"
-        refuse_streaming_entries(bundle, how, fix)
     _say_left_out(bundle)
     if kind == "ray":
         from flowrt.deploy.ray import RaySupervisor

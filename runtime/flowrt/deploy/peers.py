@@ -70,7 +70,14 @@ class Peers:
             return
         credit = None if envelope.credit is None else envelope.credit.wire()
         header = m.Shard(
-            m.VERSION, envelope.call_id, envelope.graph, envelope.session, envelope.sender, envelope.kind, credit, sorted(envelope.down)
+            m.VERSION,
+            envelope.call_id,
+            envelope.graph,
+            envelope.session,
+            envelope.sender,
+            envelope.kind,
+            credit,
+            sorted(envelope.down),
         )
         if envelope.wire is None:
             self.encode(envelope)
@@ -133,7 +140,9 @@ class Peers:
             return
         down = frozenset(header.down)
         if not down <= self.placement.processes:
-            self._garbage(f"a message routing around processes {sorted(down - self.placement.processes)}, which this deployment has not")
+            self._garbage(
+                f"a message routing around processes {sorted(down - self.placement.processes)}, which this deployment has not"
+            )
             return
         try:
             share = None if header.credit is None else Credit.from_wire(*header.credit)

@@ -365,8 +365,8 @@ class Connection:
             return await refuse(
                 str(error), f"the `hello` message lists the entries of graph `{self.program.name}` and their types"
             )
-        except FlowrtError as error:  # (a deployment that cannot take an entry's frames: FLOWRT_CONTROL=shards)
-            return await refuse(hide_paths(str(error)), "serve the bundle without FLOWRT_CONTROL=shards", "unsupported")
+        except FlowrtError as error:  # (any other call the runtime will not start: its own words)
+            return await refuse(hide_paths(str(error)), "the message says what to change; other calls go on", "unsupported")
         turn = self.turns[start.call] = Turn(start.call, start, handle, session, binary)
         if binary is not None:
             self.binary_turn = turn

@@ -457,7 +457,6 @@ class AudioEncoderRole:
     async def encode(self, ctx, voice_audio):
         from flowstd.models import tensor_content_hash
 
-        runtime = VoiceRuntime.shared()
         waveform = voice_audio.waveform()
         content = tensor_content_hash(waveform)
         cache = self.cache.state(content)  # hit, join (another request is encoding it) or miss
