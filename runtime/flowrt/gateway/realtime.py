@@ -368,7 +368,7 @@ class Connection:
             turn.failure = wire.RealtimeError(refused.message, refused.code, kind="server_error" if refused.status >= 500 else "")
             if turn.response is None:
                 await self.fail(turn.failure)
-        except FlowrtError as error:  # the runtime refused the call (a deployment that cannot take an entry's frames)
+        except FlowrtError as error:  # the runtime refused the call (its own words)
             turn.failure = wire.RealtimeError(hide_paths(str(error)), "call_failed", kind="server_error")
             if turn.response is None:
                 await self.fail(turn.failure)
